@@ -1,0 +1,74 @@
+# Two set-up commands on a fresh machine: `make book` and `make test`.
+# Both create the virtual environment in .venv if it is missing.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ASSETS := _build/assets
+ASSET_STAMP := $(ASSETS)/.fetched
+# Versions of the JavaScript the static site serves itself (fetched at build time).
+HTML_MANAGER := @jupyter-widgets/html-manager@1.0.15
+REQUIREJS := requirejs@2.3.8
+MATHJAX := mathjax@3.2.2
+EXECUTE_TIMEOUT ?= 900
+NOTEBOOKS = $(sort $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb))
+
+.PHONY: book test lab execute bench student-book unit nbval build-check browser-test leak-test assets venv clean help
+
+help:
+	@echo "make book          build the HTML book into _build/html"
+	@echo "make test          run the whole test suite (unit tests, nbval, strict build, browser, student edition)"
+	@echo "make lab           open JupyterLab on the book with the package importable"
+	@echo "make execute       re-execute every notebook in place from a clean kernel"
+	@echo "make bench         time the chunkwise delta rule against the recurrence"
+	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements-lock.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(BIN)/python -m pip install --quiet -c requirements-lock.txt -e ".[book,test]"
+	touch $(STAMP)
+
+assets: $(ASSET_STAMP)
+
+$(ASSET_STAMP): Makefile tools/fetch_assets.py
+	$(BIN)/python tools/fetch_assets.py $(ASSETS) $(HTML_MANAGER) $(REQUIREJS) $(MATHJAX)
+	touch $(ASSET_STAMP)
+
+book: $(STAMP) $(ASSET_STAMP)
+	$(BIN)/jupyter-book build . --builder html
+	@echo "The book: $(CURDIR)/_build/html/index.html"
+
+student-book: $(STAMP) $(ASSET_STAMP)
+	$(BIN)/python tools/student_toc.py _toc.yml _build/student_toc.yml
+	$(BIN)/jupyter-book build . --builder html --toc _build/student_toc.yml --path-output _build/student -W -n --keep-going
+	@echo "The student edition: $(CURDIR)/_build/student/_build/html/index.html"
+
+test: $(STAMP) $(ASSET_STAMP)
+	bash tools/run_tests.sh
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests -q -m "not browser and not build"
+
+nbval: $(STAMP)
+	FIXEDSTATE_FIGURES=frames $(BIN)/python -m pytest --nbval --nbval-current-env \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider \
+	  chapters exercises solutions
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --notebook-dir=$(CURDIR)
+
+execute: $(STAMP)
+	@for nb in $(NOTEBOOKS); do \
+	  echo "executing $$nb"; \
+	  FIXEDSTATE_FIGURES=frames timeout $(EXECUTE_TIMEOUT) $(BIN)/python tools/execute_notebook.py "$$nb" || exit 1; \
+	done
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/delta_rule_bench.py
+
+clean:
+	rm -rf _build

@@ -1,0 +1,103 @@
+"""Checks at the public boundary of the package.
+
+Every public function in :mod:`fixedstate` validates its arguments with these
+helpers, so that bad input fails loudly with a :class:`ValueError` that names
+the argument, says what it got and what was expected.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = [
+    "as_float_array",
+    "check_positive_int",
+    "check_interval",
+    "check_same_length",
+    "check_dim",
+]
+
+
+def _describe(x) -> str:
+    if isinstance(x, np.ndarray):
+        return f"an array of shape {x.shape} and dtype {x.dtype}"
+    return f"{type(x).__name__} {x!r}"
+
+
+def as_float_array(x, name: str, *, ndim: int | tuple[int, ...] | None = None,
+                   shape: tuple | None = None, allow_nonfinite: bool = False) -> np.ndarray:
+    """Return ``x`` as a floating-point numpy array, or raise ``ValueError``.
+
+    Integer and boolean-free real input is converted to float64; float32 and
+    float64 arrays keep their dtype. Complex, boolean, object and string input
+    is refused, as are NaN and infinity unless ``allow_nonfinite``.
+
+    ``ndim`` is the required number of axes (an int or a tuple of allowed
+    ints); ``shape`` is a tuple whose entries are ints (required sizes) or
+    ``None`` (any size), checked after ``ndim``.
+    """
+    if isinstance(x, (str, bytes)):
+        raise ValueError(f"{name}: expected a real numeric array, got {_describe(x)}")
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:  # ragged lists and the like
+        raise ValueError(f"{name}: expected a real numeric array, got {type(x).__name__} "
+                         f"that numpy cannot convert ({exc})") from None
+    if arr.dtype == bool or arr.dtype.kind not in "iuf":
+        raise ValueError(f"{name}: expected a real numeric array (integer or float dtype), "
+                         f"got dtype {arr.dtype}")
+    if arr.dtype.kind in "iu":
+        arr = arr.astype(np.float64)
+    elif arr.dtype not in (np.float32, np.float64):
+        arr = arr.astype(np.float64)
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if arr.ndim not in allowed:
+            want = " or ".join(str(a) for a in allowed)
+            raise ValueError(f"{name}: expected an array with {want} axes, "
+                             f"got {arr.ndim} axes (shape {arr.shape})")
+    if shape is not None:
+        if arr.ndim != len(shape) or any(s is not None and s != a for s, a in zip(shape, arr.shape)):
+            want = "(" + ", ".join("any" if s is None else str(s) for s in shape) + ")"
+            raise ValueError(f"{name}: expected shape {want}, got shape {arr.shape}")
+    if not allow_nonfinite and arr.size and not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name}: expected finite values, got an array containing NaN or infinity")
+    return arr
+
+
+def check_positive_int(value, name: str, *, minimum: int = 1) -> int:
+    """Return ``value`` as an int if it is an integer >= ``minimum``, else raise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {_describe(value)}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_interval(x, name: str, low: float, high: float, *, low_closed: bool = True,
+                   high_closed: bool = True) -> np.ndarray:
+    """Check that every entry of ``x`` lies in the interval; return it as an array."""
+    arr = as_float_array(x, name)
+    lo_ok = arr >= low if low_closed else arr > low
+    hi_ok = arr <= high if high_closed else arr < high
+    if not np.all(lo_ok & hi_ok):
+        bad = arr[~(lo_ok & hi_ok)].ravel()[0]
+        interval = ("[" if low_closed else "(") + f"{low}, {high}" + ("]" if high_closed else ")")
+        raise ValueError(f"{name}: expected values in {interval}, got {float(bad)!r}")
+    return arr
+
+
+def check_same_length(name_a: str, a: np.ndarray, name_b: str, b: np.ndarray, axis: int = 0) -> None:
+    """Raise unless ``a`` and ``b`` have the same size along ``axis``."""
+    if a.shape[axis] != b.shape[axis]:
+        raise ValueError(f"{name_b}: expected {a.shape[axis]} entries along axis {axis} to match "
+                         f"{name_a} (shape {a.shape}), got shape {b.shape}")
+
+
+def check_dim(arr: np.ndarray, name: str, axis: int, expected: int, what: str) -> None:
+    """Raise unless ``arr.shape[axis] == expected``; ``what`` says where it comes from."""
+    if arr.shape[axis] != expected:
+        raise ValueError(f"{name}: expected size {expected} along axis {axis} ({what}), "
+                         f"got shape {arr.shape}")

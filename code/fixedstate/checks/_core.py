@@ -1,0 +1,116 @@
+"""The machinery every exercise check shares.
+
+A check runs the student's function on a few cases, compares with the
+package's reference implementation and returns a :class:`CheckResult`. The
+result prints as a short report that says which property failed, on which case,
+and what was expected versus what came back: never only "wrong". A check never
+raises for a wrong answer (so an unfinished exercise notebook still runs to the
+end); tests read ``result.passed`` and ``result.message``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["CheckResult", "Failure", "call_student", "compare_arrays", "compare_number",
+           "passed", "failed"]
+
+
+class Failure(Exception):
+    """Raised inside a check to stop at the first failed property."""
+
+
+@dataclass
+class CheckResult:
+    exercise: str
+    passed: bool
+    message: str
+    details: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __repr__(self) -> str:
+        head = ("PASSED" if self.passed else "NOT YET") + f" [{self.exercise}] {self.message}"
+        return "\n".join([head, *("  " + d for d in self.details)])
+
+    __str__ = __repr__
+
+
+def passed(exercise: str, message: str, details: list[str] | None = None) -> CheckResult:
+    return CheckResult(exercise, True, message, details or [])
+
+
+def failed(exercise: str, message: str, details: list[str] | None = None) -> CheckResult:
+    return CheckResult(exercise, False, message, details or [])
+
+
+def _fmt(x: Any) -> str:
+    arr = np.asarray(x)
+    if arr.ndim == 0:
+        return f"{float(arr):.6g}" if arr.dtype.kind in "fiu" else repr(x)
+    with np.printoptions(precision=4, suppress=True, threshold=12, edgeitems=3):
+        return np.array2string(arr, separator=", ")
+
+
+def call_student(fn: Callable, *args, case: str, **kwargs):
+    """Call the student's function; turn its crash or its unfinished body into a Failure."""
+    try:
+        out = fn(*args, **kwargs)
+    except NotImplementedError:
+        raise Failure(f"the function is not written yet (it raised NotImplementedError) on {case}")
+    except Exception as exc:  # noqa: BLE001 - any crash is feedback for the student
+        raise Failure(f"the function raised {type(exc).__name__}: {exc} on {case}") from None
+    if out is None or out is Ellipsis:
+        raise Failure(f"the function returned {out!r} on {case}: replace the `...` with your code "
+                      "and return the result")
+    return out
+
+
+def compare_arrays(got, expected, *, what: str, case: str, rtol: float = 1e-10,
+                   atol: float = 1e-12) -> None:
+    """Raise Failure unless ``got`` matches ``expected`` in shape and value."""
+    try:
+        got_arr = np.asarray(got, dtype=float)
+    except (TypeError, ValueError):
+        raise Failure(f"{what} on {case}: expected an array, got {type(got).__name__}") from None
+    expected = np.asarray(expected, dtype=float)
+    if got_arr.shape != expected.shape:
+        hint = ""
+        if got_arr.shape == expected.shape[::-1] and got_arr.ndim == 2:
+            hint = " (the transpose: check the orientation, the book stores S as d_k x d_v)"
+        raise Failure(f"{what} on {case}: expected shape {expected.shape}, got shape "
+                      f"{got_arr.shape}{hint}")
+    if not np.allclose(got_arr, expected, rtol=rtol, atol=atol):
+        err = np.abs(got_arr - expected)
+        idx = np.unravel_index(np.argmax(err), err.shape) if err.ndim else ()
+        where = f" at index {tuple(int(i) for i in idx)}" if idx else ""
+        raise Failure(f"{what} on {case}: largest difference {float(err.max()):.3g}{where}; "
+                      f"expected {_fmt(expected)}, got {_fmt(got_arr)}")
+
+
+def compare_number(got, expected: float, *, tolerance: float, what: str, relative: bool = False) -> None:
+    """Raise Failure unless ``got`` is within ``tolerance`` of ``expected``."""
+    try:
+        value = float(got)
+    except (TypeError, ValueError):
+        raise Failure(f"{what}: expected a number, got {got!r}") from None
+    allowed = tolerance * abs(expected) if relative else tolerance
+    if not abs(value - expected) <= allowed:
+        kind = "relative " if relative else ""
+        raise Failure(f"{what}: expected {expected:.6g} (within {kind}{tolerance:g}), got {value:.6g}")
+
+
+def run_check(exercise: str, body: Callable[[], str]) -> CheckResult:
+    """Run ``body``; a Failure becomes a failed result, a return value the pass message."""
+    try:
+        message = body()
+    except Failure as f:
+        return failed(exercise, str(f))
+    return passed(exercise, message)
+
+
+__all__.append("run_check")

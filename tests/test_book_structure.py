@@ -1,0 +1,183 @@
+"""The book's wiring: table of contents, exercises and solutions, citations, notebooks."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIRS = ["chapters", "exercises", "solutions", "appendix"]
+
+
+def notebooks(*dirs):
+    return sorted(p for d in (dirs or NOTEBOOK_DIRS) for p in (ROOT / d).glob("*.ipynb"))
+
+
+def cells(path):
+    return json.loads(path.read_text())["cells"]
+
+
+def source(cell):
+    s = cell["source"]
+    return "".join(s) if isinstance(s, list) else s
+
+
+def toc_files(toc=None):
+    toc = toc or yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc.get("parts", []):
+        for ch in part.get("chapters", []):
+            files.append(ch["file"])
+            files.extend(s["file"] for s in ch.get("sections", []))
+    return files
+
+
+def test_every_toc_entry_exists_and_every_notebook_is_in_the_toc():
+    listed = toc_files()
+    for f in listed:
+        assert any((ROOT / f"{f}{ext}").exists() for ext in (".md", ".ipynb")), f"_toc.yml names missing {f}"
+    for nb in notebooks():
+        rel = nb.relative_to(ROOT).with_suffix("").as_posix()
+        assert rel in listed, f"{rel}.ipynb is not in _toc.yml (it would not be built)"
+
+
+def test_student_toc_drops_exactly_the_solutions_and_the_instructor_part():
+    import sys
+    sys.path.insert(0, str(ROOT / "tools"))
+    from student_toc import student_toc
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    student = toc_files(student_toc(toc))
+    assert not any(f.startswith("solutions/") for f in student)
+    assert "appendix/instructors" not in student
+    assert set(toc_files(toc)) - set(student) == {
+        f for f in toc_files(toc) if f.startswith("solutions/") or f == "appendix/instructors"}
+
+
+LABEL = re.compile(r"```\{exercise-start\}\s*\n:label:\s*(\S+)")
+SOL = re.compile(r"```\{solution-start\}\s+(\S+)")
+
+
+def exercise_blocks(path, start_re, end_marker):
+    """Map each exercise (or solution) label to the code cells inside its block."""
+    blocks, current = {}, None
+    for cell in cells(path):
+        text = source(cell)
+        if cell["cell_type"] == "markdown":
+            m = start_re.search(text)
+            if m:
+                current = m.group(1)
+                blocks[current] = []
+            if end_marker in text:
+                current = None
+        elif current is not None:
+            blocks[current].append(text)
+    return blocks
+
+
+def exercise_labels():
+    labels = {}
+    for nb in notebooks("exercises"):
+        for label, code in exercise_blocks(nb, LABEL, "{exercise-end}").items():
+            assert label not in labels, f"exercise label {label} is used twice"
+            labels[label] = (nb, code)
+    return labels
+
+
+def solution_labels():
+    labels = {}
+    for nb in notebooks("solutions"):
+        for label, code in exercise_blocks(nb, SOL, "{solution-end}").items():
+            labels[label] = (nb, code)
+    return labels
+
+
+def test_every_solution_answers_an_existing_exercise_and_every_exercise_has_a_solution():
+    ex, sol = exercise_labels(), solution_labels()
+    assert set(sol) <= set(ex), f"solutions to unknown exercises: {sorted(set(sol) - set(ex))}"
+    assert set(ex) <= set(sol), f"exercises without a worked solution: {sorted(set(ex) - set(sol))}"
+    for nb in notebooks("exercises"):
+        twin = ROOT / "solutions" / nb.name
+        assert twin.exists(), f"{nb.name} has no solutions notebook of the same name"
+
+
+def signatures(code_cells):
+    sigs = {}
+    for text in code_cells:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                sigs[node.name] = ast.unparse(node.args)
+    return sigs
+
+
+def test_starters_and_solutions_keep_the_same_function_names_and_signatures():
+    ex, sol = exercise_labels(), solution_labels()
+    for label, (nb, code) in ex.items():
+        if label not in sol:
+            continue
+        starter = signatures(code)
+        solved = signatures(sol[label][1])
+        for name, args in starter.items():
+            assert name in solved, f"{label}: the solution does not define {name}() of the starter"
+            assert solved[name] == args, (f"{label}: {name}({args}) in the exercise but "
+                                          f"{name}({solved[name]}) in the solution")
+
+
+def test_exercises_never_link_to_solutions():
+    for nb in notebooks("exercises", "chapters"):
+        for cell in cells(nb):
+            text = source(cell)
+            assert "sol-" not in " ".join(re.findall(r"\{ref\}`[^`]*`", text)), \
+                f"{nb.name} links to a solution label (the student edition has none)"
+
+
+def bib_keys():
+    return set(re.findall(r"@\w+\{([^,]+),", (ROOT / "references.bib").read_text()))
+
+
+# Every paper the three source texts cite, by arXiv identifier (the requirement).
+SOURCE_PAPERS = ["1706.03762", "2006.16236", "2102.11174", "2412.06464", "2111.00396", "2312.00752",
+                 "2405.21060", "2312.04927", "2009.14794", "2006.04768", "2008.07669", "2406.06484",
+                 "2608.30320", "2607.24653", "2510.26692", "2403.19887", "2402.19427", "2501.08313"]
+
+
+def test_every_citation_is_in_the_bibliography_and_the_sources_papers_have_arxiv_ids():
+    keys = bib_keys()
+    text_files = [*notebooks(), ROOT / "preface.md", *(ROOT / "appendix").rglob("*.md")]
+    cite = re.compile(r"\{cite(?::\w+)?\}`([^`]+)`")
+    for f in text_files:
+        for m in cite.finditer(f.read_text()):
+            for key in m.group(1).split(","):
+                assert key.strip() in keys, f"{f.name} cites {key.strip()}, not in references.bib"
+    bib = (ROOT / "references.bib").read_text()
+    eprints = set(re.findall(r"eprint\s*=\s*\{([^}]+)\}", bib))
+    missing = [a for a in SOURCE_PAPERS if a not in eprints]
+    assert not missing, f"papers the sources cite are missing from references.bib: {missing}"
+    for entry in re.split(r"\n(?=@)", bib.strip()):
+        key = re.match(r"@\w+\{([^,]+),", entry).group(1)
+        assert re.search(r"(eprint|url|doi|journal|booktitle|publisher)\s*=", entry), \
+            f"{key} says nowhere where it was published"
+
+
+@pytest.mark.parametrize("nb", notebooks(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_notebooks_are_executed_cleanly_and_stored_without_errors(nb):
+    data = json.loads(nb.read_text())
+    assert data["metadata"].get("kernelspec", {}).get("name") == "python3"
+    code = [c for c in data["cells"] if c["cell_type"] == "code"]
+    counts = [c["execution_count"] for c in code if source(c).strip()]
+    assert counts == list(range(1, len(counts) + 1)), \
+        f"{nb.name}: execution counts {counts} show it was not run top to bottom from a clean kernel"
+    for c in code:
+        for out in c.get("outputs", []):
+            assert out["output_type"] != "error", f"{nb.name} stores an error output"
+            if out["output_type"] == "stream" and out["name"] == "stderr":
+                pytest.fail(f"{nb.name} stores stderr output: {''.join(out['text'])[:200]}")

@@ -1,0 +1,156 @@
+"""The built HTML book in a real browser, offline.
+
+Headless Chromium (Debian's ``chromium`` package, driven by Playwright) opens
+every page of the built book from disk with the network cut off, and fails on:
+any request to another host or any failed request, any console error or page
+error, any formula MathJax did not render, any widget the widget manager did
+not render. On every interactive figure it moves each slider (and clicks each
+button row) and checks that the picture shown changed.
+
+Run after the book is built (``make test`` does both). A local run without
+Chromium fails with a message saying so, rather than passing silently.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = Path(os.environ.get("BOOK_HTML", ROOT / "_build" / "html"))
+CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--allow-file-access-from-files"]
+
+pytestmark = pytest.mark.browser
+
+
+def pages():
+    skip = {"search.html", "genindex.html"}
+    return sorted(p for p in SITE.rglob("*.html")
+                  if p.name not in skip and "_static" not in p.parts and "_sources" not in p.parts
+                  and not (p.name == "index.html" and p.parent == SITE))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not SITE.joinpath("index.html").exists():
+        pytest.fail(f"no built book at {SITE}: run `make book` (or `make test`) first")
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"headless Chromium not found at {CHROMIUM}: install Debian's `chromium` package "
+                    "(`.ci/run` does) or set CHROMIUM to its path. The browser test cannot run without it.")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class PageLog:
+    def __init__(self, page):
+        self.foreign, self.failed, self.errors = [], [], []
+        page.on("request", self._request)
+        page.on("requestfailed", lambda r: self.failed.append(f"{r.url} ({r.failure})"))
+        page.on("console", lambda m: m.type == "error" and self.errors.append(f"console: {m.text}"))
+        page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+
+    def _request(self, request):
+        if not request.url.startswith(("file://", "data:", "blob:", "about:")):
+            self.foreign.append(request.url)
+
+
+def open_page(browser, path):
+    context = browser.new_context(offline=True, viewport={"width": 1200, "height": 900})
+    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(
+        ("file://", "data:", "blob:")) else route.abort())
+    page = context.new_page()
+    log = PageLog(page)
+    page.goto(path.as_uri(), wait_until="load")
+    page.wait_for_function("() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)",
+                           timeout=20_000)
+    page.evaluate("() => window.MathJax ? window.MathJax.startup.promise.then(() => true) : true")
+    n_widget_views = page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
+    if n_widget_views:
+        page.wait_for_function(
+            "(n) => document.querySelectorAll('.jupyter-widgets.widget-container, "
+            ".jupyter-widgets.widget-inline-hbox, .jupyter-widgets.widget-image, .widget-vbox').length >= 1",
+            arg=n_widget_views, timeout=20_000)
+        page.wait_for_timeout(300)
+    return context, page, log
+
+
+UNRENDERED_MATH = """() => Array.from(document.querySelectorAll('.math'))
+    .filter(el => !el.querySelector('mjx-container')).map(el => el.textContent.slice(0, 60))"""
+
+UNRENDERED_WIDGETS = """() => Array.from(document.querySelectorAll(
+      'script[type="application/vnd.jupyter.widget-view+json"]'))
+    .filter(s => { const sib = s.previousElementSibling || s.nextElementSibling;
+                   const host = s.parentElement;
+                   return !(host && host.querySelector('.jupyter-widgets, .widget-subarea')); })
+    .length"""
+
+
+@pytest.mark.parametrize("path", pages(), ids=lambda p: p.relative_to(SITE).as_posix())
+def test_page_loads_offline_with_everything_rendered(browser, path):
+    context, page, log = open_page(browser, path)
+    try:
+        assert not log.foreign, f"requests to other hosts: {log.foreign[:5]}"
+        assert not log.failed, f"failed requests: {log.failed[:5]}"
+        assert not log.errors, f"console errors: {log.errors[:5]}"
+        unrendered = page.evaluate(UNRENDERED_MATH)
+        assert not unrendered, f"{len(unrendered)} formulas not rendered by MathJax, e.g. {unrendered[:3]}"
+        assert page.evaluate(UNRENDERED_WIDGETS) == 0, "a widget view was not rendered"
+    finally:
+        context.close()
+
+
+VISIBLE_PICTURES = """(root) => Array.from(root.querySelectorAll('img'))
+    .filter(img => img.offsetParent !== null).map(img => img.src.slice(-200))"""
+
+
+def figures_on(page):
+    """Widget boxes that hold a picture and at least one control."""
+    return [box for box in page.locator(".jupyter-widgets.widget-vbox").all()
+            if box.locator("img").count() and
+            (box.locator(".noUi-handle").count() or box.locator(".widget-toggle-buttons button").count())]
+
+
+def interactive_pages():
+    return [p for p in pages() if "application/vnd.jupyter.widget-view+json" in p.read_text()]
+
+
+@pytest.mark.parametrize("path", interactive_pages(), ids=lambda p: p.relative_to(SITE).as_posix())
+def test_every_slider_changes_its_figure_without_a_kernel(browser, path):
+    context, page, log = open_page(browser, path)
+    try:
+        figures = figures_on(page)
+        assert figures, "the page stores widgets but no interactive figure rendered"
+        for box in figures:
+            box.scroll_into_view_if_needed()
+            handles = box.locator(".noUi-handle").all()
+            for i, handle in enumerate(handles):
+                before = box.evaluate(VISIBLE_PICTURES)
+                assert len(before) == 1, f"expected one visible picture in the figure, saw {len(before)}"
+                handle.focus()
+                key = "ArrowLeft" if handle.get_attribute("aria-valuenow") == handle.get_attribute(
+                    "aria-valuemax") else "ArrowRight"
+                handle.press(key)
+                page.wait_for_timeout(150)
+                after = box.evaluate(VISIBLE_PICTURES)
+                assert after != before, f"moving slider {i} did not change the figure"
+            for row in box.locator(".widget-toggle-buttons").all():
+                buttons = row.locator("button").all()
+                before = box.evaluate(VISIBLE_PICTURES)
+                target = next(b for b in buttons if "mod-active" not in (b.get_attribute("class") or ""))
+                target.click()
+                page.wait_for_timeout(150)
+                after = box.evaluate(VISIBLE_PICTURES)
+                assert after != before, "clicking a button of the figure did not change it"
+        assert not log.errors, f"console errors while moving sliders: {log.errors[:5]}"
+    finally:
+        context.close()

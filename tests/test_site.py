@@ -1,0 +1,98 @@
+"""The student edition: the built book without its solutions, checked for leaks.
+
+For every worked solution, distinctive lines are taken from its code and its
+prose: lines that occur nowhere else in the book's sources. Each must appear
+in the full build (so the search is real) and none may appear anywhere in the
+student edition's HTML, search index included.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL = ROOT / "_build" / "html"
+STUDENT = ROOT / "_build" / "student" / "_build" / "html"
+
+pytestmark = pytest.mark.site
+
+SOL_START = re.compile(r"```\{solution-start\}\s+(\S+)")
+
+
+def _source(cell):
+    s = cell["source"]
+    return "".join(s) if isinstance(s, list) else s
+
+
+def normalise(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def site_text(root: Path) -> str:
+    parts = []
+    for f in sorted(root.rglob("*")):
+        if f.suffix in {".html", ".js", ".txt", ".ipynb", ".md", ".json"} and f.is_file() \
+                and "_static" not in f.parts:
+            raw = f.read_text(errors="replace")
+            parts.append(normalise(html.unescape(re.sub(r"<[^>]+>", "", raw))))
+    return "\n".join(parts)
+
+
+def other_sources() -> str:
+    texts = []
+    for d in ["chapters", "exercises", "appendix"]:
+        for nb in (ROOT / d).glob("*.ipynb"):
+            texts.extend(_source(c) for c in json.loads(nb.read_text())["cells"])
+    texts.append((ROOT / "preface.md").read_text())
+    texts.extend(p.read_text() for p in (ROOT / "appendix").rglob("*.md"))
+    return normalise("\n".join(texts))
+
+
+def solution_blocks():
+    """(notebook, label, code lines, prose fragments) for every solution block."""
+    blocks = []
+    for nb in sorted((ROOT / "solutions").glob("*.ipynb")):
+        current = None
+        for cell in json.loads(nb.read_text())["cells"]:
+            text = _source(cell)
+            m = SOL_START.search(text) if cell["cell_type"] == "markdown" else None
+            if m:
+                current = (nb.name, m.group(1), [], [])
+                blocks.append(current)
+            if current is None:
+                continue
+            if cell["cell_type"] == "code":
+                current[2].extend(line.strip() for line in text.splitlines())
+            else:
+                for line in text.splitlines():
+                    if "```" in line or ":label:" in line:
+                        continue
+                    # plain runs of words, free of markup, as the HTML shows them
+                    for run in re.findall(r"[A-Za-z][A-Za-z ,;']{40,}", line):
+                        current[3].append(run.strip())
+            if cell["cell_type"] == "markdown" and "{solution-end}" in text:
+                current = None
+    return blocks
+
+
+def test_the_student_edition_holds_no_line_of_any_solution():
+    if not (FULL / "index.html").exists() or not (STUDENT / "index.html").exists():
+        pytest.fail("build both editions first (`make test` does): "
+                    f"{FULL} and {STUDENT} must exist")
+    blocks = solution_blocks()
+    if not blocks:
+        pytest.skip("the book has no solutions yet")
+    full, student, elsewhere = site_text(FULL), site_text(STUDENT), other_sources()
+    assert not (STUDENT / "solutions").exists(), "the student edition has a solutions folder"
+    for nb, label, code, prose in blocks:
+        distinctive = [normalise(l) for l in code + prose
+                       if len(l) >= 30 and normalise(l) not in elsewhere and normalise(l) in full]
+        assert distinctive, (f"{nb}, solution to {label}: found no distinctive line that the full "
+                             "build shows, so the leak search would prove nothing")
+        leaked = [l for l in distinctive if l in student]
+        assert not leaked, f"{nb}, solution to {label}: the student edition contains {leaked[:3]}"

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The whole test suite, as `make test` runs it. Every part runs even when an
+# earlier one failed; the script exits non-zero if any part failed.
+set -u
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+failed=()
+part() {
+  local name=$1; shift
+  echo
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  if "$@"; then
+    echo "=== $name: ok ($((SECONDS - t0)) s)"
+  else
+    echo "=== $name: FAILED ($((SECONDS - t0)) s)"
+    failed+=("$name")
+  fi
+}
+
+NOTEBOOK_DIRS=(chapters exercises solutions appendix)
+
+part "unit tests" $BIN/python -m pytest tests -q -m "not browser and not site" -p no:cacheprovider
+part "notebooks (nbval)" $BIN/python -m pytest --nbval --nbval-current-env \
+  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider -q \
+  "${NOTEBOOK_DIRS[@]}"
+rm -rf _build/html _build/.doctrees _build/jupyter_execute
+part "book build (-W -n --keep-going)" $BIN/jupyter-book build . --builder html -W -n --keep-going
+rm -rf _build/student
+$BIN/python tools/student_toc.py _toc.yml _build/student_toc.yml
+part "student edition build (-W -n --keep-going)" $BIN/jupyter-book build . --builder html \
+  --toc _build/student_toc.yml --path-output _build/student -W -n --keep-going
+part "built site: student-edition leak test and browser test" $BIN/python -m pytest tests -q \
+  -m "site or browser" -p no:cacheprovider
+
+echo
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "make test: every part passed"
+  exit 0
+fi
+echo "make test: FAILED parts: ${failed[*]}"
+exit 1
