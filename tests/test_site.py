@@ -96,3 +96,29 @@ def test_the_student_edition_holds_no_line_of_any_solution():
                              "build shows, so the leak search would prove nothing")
         leaked = [l for l in distinctive if l in student]
         assert not leaked, f"{nb}, solution to {label}: the student edition contains {leaked[:3]}"
+
+
+def test_every_notebook_page_offers_its_notebook_for_download():
+    if not (FULL / "index.html").exists():
+        pytest.fail(f"build the book first (`make book`): {FULL} is missing")
+    pages = [p for d in ["chapters", "exercises", "solutions", "appendix"]
+             for p in (FULL / d).glob("*.html") if (ROOT / d / (p.stem + ".ipynb")).exists()]
+    if not pages:
+        pytest.skip("the book has no notebook pages yet")
+    for page in pages:
+        text = page.read_text()
+        links = re.findall(r'href="([^"]+\.ipynb)"', text)
+        assert links, f"{page.relative_to(FULL)} offers no .ipynb download"
+        for link in links:
+            target = (page.parent / link).resolve()
+            assert target.exists(), f"{page.relative_to(FULL)} links {link}, which the site does not hold"
+            assert json.loads(target.read_text())["cells"], f"{link} is not a notebook"
+
+
+def test_no_launch_button_while_the_repository_url_is_unset():
+    if not (FULL / "index.html").exists():
+        pytest.fail(f"build the book first (`make book`): {FULL} is missing")
+    for page in FULL.rglob("*.html"):
+        text = page.read_text()
+        for service in ("mybinder.org", "colab.research.google.com", "executablebooks/jupyter-book"):
+            assert service not in text, f"{page.relative_to(FULL)} links {service} with no repository set"
