@@ -1,0 +1,362 @@
+"""Checks for the exercises of "The cost of softmax attention" and "Linear attention".
+
+Coding exercises (each takes the student's function and returns a CheckResult):
+
+- :func:`check_kv_cache_size` (``ex-sm-kv-cache-size``): bytes of a KV cache.
+- :func:`check_softmax_decode_step` (``ex-sm-decode-step``): one token against a KV cache.
+- :func:`check_linear_decode_step` (``ex-la-decode-step``): one token with a fixed state.
+- :func:`check_causal_linear_attention` (``ex-la-parallel-form``): the masked parallel
+  form with its normalizer.
+
+Numeric answers: :func:`check_answer` with a label from :data:`ANSWERS`; every
+expected value is computed here by :mod:`fixedstate.costs`, never typed in.
+
+A check compares with the package's reference on small seeded cases, and when
+the answer is wrong it tries the plausible mistakes (a missing normalizer, a
+transposed state, reading before writing, ...) to say which one it is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import costs
+from .. import linear_attention as la
+from .. import softmax_attention as sa
+from ._core import CheckResult, Failure, call_student, compare_arrays, compare_number, run_check
+
+__all__ = [
+    "check_kv_cache_size",
+    "check_softmax_decode_step",
+    "check_linear_decode_step",
+    "check_causal_linear_attention",
+    "check_answer",
+    "ANSWERS",
+]
+
+
+def _matches(got, candidate) -> bool:
+    try:
+        got = np.asarray(got, dtype=float)
+    except (TypeError, ValueError):
+        return False
+    candidate = np.asarray(candidate, dtype=float)
+    return got.shape == candidate.shape and np.allclose(got, candidate, rtol=1e-8, atol=1e-10,
+                                                       equal_nan=True)
+
+
+def _diagnose(got, expected, mistakes, *, what: str, case: str) -> None:
+    """Raise a Failure naming the first mistake whose result ``got`` reproduces, else compare."""
+    if _matches(got, expected):
+        return
+    for candidate, explanation in mistakes:
+        if _matches(got, candidate):
+            raise Failure(f"{what} on {case}: {explanation}")
+    compare_arrays(got, expected, what=what, case=case)
+
+
+def _unpack(out, n: int, names: str, case: str):
+    if not isinstance(out, (tuple, list)) or len(out) != n:
+        raise Failure(f"on {case}: expected the function to return a tuple ({names}), "
+                      f"got {type(out).__name__}" + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))
+    return out
+
+
+# ------------------------------------------------------------------ ex-sm-kv-cache-size
+
+def check_kv_cache_size(kv_cache_size) -> CheckResult:
+    """Check ``kv_cache_size(context_len, n_layers, n_kv_heads, head_dim, bytes_per_element)``.
+
+    Expected: the bytes of the cache, equation ``eq-sm-kv-cache``
+    (:func:`fixedstate.costs.kv_cache_bytes`). Diagnoses a missing factor 2 (keys
+    *and* values), a missing factor for layers, heads or bytes, and bits for bytes.
+    """
+    exercise = "ex-sm-kv-cache-size"
+    # distinct primes for every factor, so each mistake gives a distinct wrong number
+    cases = [
+        dict(context_len=11, n_layers=3, n_kv_heads=5, head_dim=7, bytes_per_element=4),
+        dict(context_len=1, n_layers=1, n_kv_heads=1, head_dim=1, bytes_per_element=1),
+        dict(context_len=128_000, n_layers=32, n_kv_heads=8, head_dim=128, bytes_per_element=2),
+    ]
+
+    def body():
+        for args in cases:
+            case = ", ".join(f"{k}={v:,}" for k, v in args.items())
+            expected = costs.kv_cache_bytes(args["context_len"], n_layers=args["n_layers"],
+                                            n_kv_heads=args["n_kv_heads"], head_dim=args["head_dim"],
+                                            bytes_per_element=args["bytes_per_element"])
+            got = call_student(kv_cache_size, *args.values(), case=case)
+            try:
+                value = float(got)
+            except (TypeError, ValueError):
+                raise Failure(f"on {case}: expected a number of bytes, got {type(got).__name__}") from None
+            if value == expected:
+                continue
+            slips = [
+                (expected / 2, "exactly half the expected size: a KV cache stores a key AND a value "
+                               "for every token, so there is a factor 2"),
+                (expected / args["bytes_per_element"], "you counted numbers, not bytes: multiply by "
+                                                       "bytes_per_element"),
+                (expected / args["n_layers"], "you left out the layers: every layer keeps its own cache"),
+                (expected / args["n_kv_heads"], "you left out the KV heads: every KV head keeps its "
+                                                "own keys and values"),
+                (expected * 8, "eight times too large: that is bits, not bytes"),
+                (expected / 2 / args["bytes_per_element"], "you counted the numbers of the keys only: "
+                                                           "add the values (factor 2) and multiply by "
+                                                           "bytes_per_element"),
+            ]
+            for wrong, explanation in slips:
+                if wrong != expected and value == wrong:
+                    raise Failure(f"on {case}: expected {expected:,} bytes, got {value:,.0f}: {explanation}")
+            raise Failure(f"on {case}: expected {expected:,} bytes (2 x context_len x n_layers x "
+                          f"n_kv_heads x head_dim x bytes_per_element), got {value:,.6g}")
+        return f"the sizes are right on {len(cases)} cases, including a 128,000-token cache of 32 layers."
+
+    return run_check(exercise, body)
+
+
+# ------------------------------------------------------------------ ex-sm-decode-step
+
+def _seq(seed: int, t: int, d_k: int, d_v: int):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((t, d_k)), rng.standard_normal((t, d_k)), rng.standard_normal((t, d_v))
+
+
+def _softmax(x):
+    e = np.exp(x - np.max(x))
+    return e / e.sum()
+
+
+def check_softmax_decode_step(decode_step) -> CheckResult:
+    """Check ``decode_step(query, key, value, cache) -> (output, cache)`` (equation ``eq-sm-decode``).
+
+    ``cache`` is ``None`` or ``(keys (n, d_k), values (n, d_v))``; the step appends
+    the new key and value and attends over all ``n + 1`` of them with scale
+    ``1/sqrt(d_k)``. Generating a 6-token sequence step by step must reproduce
+    :func:`fixedstate.softmax_attention.causal_softmax_attention`.
+    """
+    exercise = "ex-sm-decode-step"
+    d_k, d_v, t = 4, 3, 6
+    q, k, v = _seq(11, t, d_k, d_v)
+    reference = sa.causal_softmax_attention(q, k, v)
+
+    def body():
+        cache = None
+        for i in range(t):
+            case = f"token {i + 1} of a {t}-token sequence (d_k={d_k}, d_v={d_v})"
+            out = call_student(decode_step, q[i].copy(), k[i].copy(), v[i].copy(),
+                               None if cache is None else (cache[0].copy(), cache[1].copy()), case=case)
+            output, new_cache = _unpack(out, 2, "output, cache", case)
+            if not isinstance(new_cache, (tuple, list)) or len(new_cache) != 2:
+                raise Failure(f"on {case}: expected the cache to be a tuple (keys, values), "
+                              f"got {type(new_cache).__name__}")
+            scores = (k[: i + 1] @ q[i]) / np.sqrt(d_k)          # the right scores
+            mistakes = [
+                (_softmax(scores * np.sqrt(d_k)) @ v[: i + 1],
+                 "the scores are not scaled: multiply q . k by 1/sqrt(d_k) before the softmax"),
+                (np.exp(scores) @ v[: i + 1],
+                 "the weights are not normalized: divide exp(scores) by their sum"),
+                (np.mean(v[: i + 1], axis=0),
+                 "the output is the plain average of the values: the weights must be the softmax "
+                 "of the scores"),
+            ]
+            if i > 0:
+                mistakes.insert(0, (_softmax(scores[:-1]) @ v[:i],
+                                    "the output ignores the new token: append its key and value to "
+                                    "the cache BEFORE attending (the token attends to itself)"))
+            _diagnose(output, reference[i], mistakes, what="the output", case=case)
+            keys, values = new_cache
+            compare_arrays(keys, k[: i + 1], what="the cached keys (rows in token order, new one last)",
+                           case=case)
+            compare_arrays(values, v[: i + 1], what="the cached values (rows in token order, new one last)",
+                           case=case)
+            cache = (np.asarray(keys, dtype=float), np.asarray(values, dtype=float))
+        return (f"generating {t} tokens one at a time reproduces causal softmax attention, "
+                f"and the cache grows by one key and one value per step.")
+
+    return run_check(exercise, body)
+
+
+# ------------------------------------------------------------------ ex-la-decode-step
+
+def check_linear_decode_step(decode_step) -> CheckResult:
+    """Check ``decode_step(state, normalizer, query, key, value) -> (output, state, normalizer)``.
+
+    Linear attention with the elu+1 feature map and the normalizer (equations
+    ``eq-la-recurrent`` and ``eq-la-readout``); the state is ``(d_k, d_v)``. Running it
+    over a sequence must reproduce :func:`fixedstate.linear_attention.linear_attention_recurrent`.
+    Diagnoses a transposed state, a missing normalizer, reading before writing, a
+    missing feature map, a normalizer that is not updated, and an in-place update.
+    """
+    exercise = "ex-la-decode-step"
+    d_k, d_v, t = 3, 2, 7
+    q, k, v = _seq(21, t, d_k, d_v)
+    ref_out, ref_state, ref_norm = la.linear_attention_recurrent(q, k, v)
+    phi = la.elu_plus_one
+
+    @np.errstate(divide="ignore", invalid="ignore")
+    def body():
+        state, normalizer = np.zeros((d_k, d_v)), np.zeros(d_k)
+        for i in range(t):
+            case = f"token {i + 1} of a {t}-token sequence (d_k={d_k}, d_v={d_v})"
+            given_state, given_norm = state.copy(), normalizer.copy()
+            out = call_student(decode_step, given_state, given_norm, q[i].copy(), k[i].copy(),
+                               v[i].copy(), case=case)
+            output, new_state, new_norm = _unpack(out, 3, "output, state, normalizer", case)
+            pq, pk = phi(q[i]), phi(k[i])
+            s_new = state + np.outer(pk, v[i])
+            z_new = normalizer + pk
+            s_raw = state + np.outer(k[i], v[i])
+            z_raw = normalizer + k[i]
+            mistakes = [
+                (s_new.T @ pq, "the output is not divided by the normalizer phi(q) . z: with "
+                               "normalize on, divide S^T phi(q) by phi(q) . z"),
+                (s_raw.T @ q[i] / (q[i] @ z_raw), "the feature map is missing: apply elu_plus_one "
+                                                  "to the query and the key first"),
+                (s_new.T @ pq / (pq @ normalizer) if i else None,
+                 "the normalizer used in the readout is the old one: add phi(k) to z first"),
+            ]
+            if i > 0:
+                mistakes.insert(0, (state.T @ pq / (pq @ normalizer),
+                                    "the output was read from the state BEFORE this token's write: "
+                                    "write S + phi(k) v^T and z + phi(k) first, then read"))
+            mistakes = [(c, m) for c, m in mistakes if c is not None]
+            _diagnose(output, ref_out[i], mistakes, what="the output", case=case)
+            if _matches(new_state, s_new.T) and d_k != d_v:
+                raise Failure(f"the state on {case}: it is the transpose of the expected one: the book "
+                              f"stores S as (d_k, d_v) = ({d_k}, {d_v}) and writes S + phi(k) v^T")
+            _diagnose(new_state, s_new, [(s_raw, "the feature map is missing: write phi(k) v^T with "
+                                                 "phi = elu_plus_one, not k v^T"),
+                                         (np.outer(pk, v[i]), "the state holds only the newest token: "
+                                                              "ADD phi(k) v^T to the old state")],
+                      what="the returned state", case=case)
+            _diagnose(new_norm, z_new, [(normalizer, "the normalizer was not updated: z + phi(k)"),
+                                        (z_raw, "the normalizer adds the raw key: add phi(k)")],
+                      what="the returned normalizer", case=case)
+            if not (np.array_equal(given_state, state) and np.array_equal(given_norm, normalizer)):
+                raise Failure(f"on {case}: the function changed the state or normalizer passed in "
+                              "(an in-place +=): build new arrays, e.g. S = S + np.outer(...)")
+            state, normalizer = np.asarray(new_state, dtype=float), np.asarray(new_norm, dtype=float)
+        compare_arrays(state, ref_state, what="the final state", case=f"the {t}-token sequence")
+        return (f"{t} decode steps reproduce linear_attention_recurrent: outputs, the ({d_k}, {d_v}) "
+                "state and the normalizer all agree to 1e-10.")
+
+    return run_check(exercise, body)
+
+
+# ------------------------------------------------------------------ ex-la-parallel-form
+
+def check_causal_linear_attention(causal_linear_attention) -> CheckResult:
+    """Check ``causal_linear_attention(queries, keys, values) -> outputs`` (equation ``eq-la-parallel``).
+
+    The masked matrix form with the elu+1 feature map and the normalizer. Diagnoses
+    a missing mask, a mask that drops the diagonal, a missing normalizer, a
+    normalizer summed over all keys, and a missing feature map.
+    """
+    exercise = "ex-la-parallel-form"
+    cases = [(31, 1, 2, 3), (32, 6, 3, 2), (33, 9, 4, 4)]
+
+    def body():
+        for seed, t, d_k, d_v in cases:
+            q, k, v = _seq(seed, t, d_k, d_v)
+            case = f"a {t}-token sequence (d_k={d_k}, d_v={d_v})"
+            got = call_student(causal_linear_attention, q.copy(), k.copy(), v.copy(), case=case)
+            expected = la.linear_attention_parallel(q, k, v)
+            pq, pk = la.elu_plus_one(q), la.elu_plus_one(k)
+            w = pq @ pk.T
+            low, strict = np.tril(w), np.tril(w, -1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                mistakes = [
+                    ((w @ v) / w.sum(1, keepdims=True), "no causal mask: token t must only see tokens "
+                                                        "1..t (zero the weights above the diagonal)"),
+                    (low @ v, "the outputs are not divided by the normalizer: divide each row by the "
+                              "sum of its weights"),
+                    ((low @ v) / w.sum(1, keepdims=True), "the normalizer sums over ALL keys: mask it "
+                                                          "as well, only keys j <= t count"),
+                    (np.tril(q @ k.T) @ v / np.tril(q @ k.T).sum(1, keepdims=True),
+                     "the feature map is missing: apply elu_plus_one to queries and keys"),
+                ]
+                diagonal = ("the mask drops the diagonal: token t must also see itself "
+                            "(use np.tril(..., 0))")
+                strict_sum = strict.sum(1, keepdims=True)
+                mistakes.append(((strict @ v) / np.where(strict_sum > 0, strict_sum, np.nan), diagonal))
+                mistakes.append(((strict @ v) / np.maximum(strict_sum, 1e-300), diagonal))
+            _diagnose(got, expected, mistakes, what="the outputs", case=case)
+        return f"the parallel form agrees with the package on {len(cases)} sequences (lengths 1, 6 and 9)."
+
+    return run_check(exercise, body)
+
+
+# ------------------------------------------------------------------ numeric answers
+
+def _answers() -> dict:
+    kv_128k = costs.kv_cache_bytes(128_000, n_layers=32, head_dim=4096, bytes_per_element=2)
+    dec = costs.softmax_decode_flops(128_000, 128, 128)
+    state = costs.linear_state_numbers(d_k=128, d_v=128)
+    cache = costs.kv_cache_numbers(100_000, head_dim=128)
+    long_kv = costs.kv_cache_bytes(128_000, n_layers=32, n_kv_heads=32, head_dim=128)
+    long_state = costs.linear_state_bytes(n_layers=32, n_heads=32, d_k=128, d_v=128)
+    return {
+        "ex-sm-128k": dict(
+            value=kv_128k / 1e9, tolerance=0.005, relative=True, unit="GB (10^9 bytes)",
+            hints=[(kv_128k / 2e9, "half: count a key and a value per token"),
+                   (kv_128k / 2**30, "that is GiB (2^30 bytes); the question asks for GB = 10^9 bytes"),
+                   (kv_128k / 1e9 * 131_072 / 128_000, "you used 131,072 tokens; the question says 128,000")]),
+        "ex-sm-decode-flops": dict(
+            value=dec / 1e6, tolerance=0.005, relative=True, unit="MFLOP",
+            hints=[(dec / 2e6, "half: a multiply-add counts as 2 FLOPs, and both the scores (d_k) "
+                               "and the weighted sum (d_v) count")]),
+        "ex-la-state-vs-cache/state": dict(value=state, tolerance=0, relative=False, unit="numbers",
+                                           hints=[(2 * state, "the state is ONE d_k x d_v matrix, not "
+                                                              "a key part and a value part")]),
+        "ex-la-state-vs-cache/cache": dict(value=cache, tolerance=0, relative=False, unit="numbers",
+                                           hints=[(cache / 2, "half: the cache keeps a key and a value "
+                                                              "per token")]),
+        "ex-la-crossover/full": dict(value=costs.crossover_length(256, 64, 64), tolerance=0,
+                                     relative=False, unit="tokens",
+                                     hints=[(256, "at T = r the two costs are equal; the question asks "
+                                                  "for the first length where linear is strictly cheaper")]),
+        "ex-la-crossover/causal": dict(value=costs.crossover_length(256, 64, 64, causal=True), tolerance=0,
+                                       relative=False, unit="tokens",
+                                       hints=[(costs.crossover_length(256, 64, 64), "that is the crossover "
+                                               "for the full square; counting only the causal half halves "
+                                               "softmax's cost")]),
+        "ex-la-long-context": dict(value=long_kv / long_state, tolerance=0.005, relative=True,
+                                   unit="(KV-cache bytes / state bytes)",
+                                   hints=[(long_kv / long_state / 2, "half: the cache keeps keys AND values")]),
+    }
+
+
+#: label -> dict(value, tolerance, relative, unit, hints); computed by fixedstate.costs.
+ANSWERS = _answers()
+
+
+def check_answer(label: str, value) -> CheckResult:
+    """Check a numeric answer against :data:`ANSWERS` ``[label]`` within its stated tolerance."""
+    if label not in ANSWERS:
+        return CheckResult(label, False, f"unknown exercise label {label!r}; expected one of "
+                                         f"{sorted(ANSWERS)}")
+    spec = ANSWERS[label]
+    exercise = label.split("/")[0]
+
+    def body():
+        if value is None or value is Ellipsis:
+            raise Failure(f"{label}: no answer yet: replace the `...` with your number")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise Failure(f"{label}: expected a number, got {value!r}") from None
+        try:
+            compare_number(number, spec["value"], tolerance=spec["tolerance"], relative=spec["relative"],
+                           what=f"{label} in {spec['unit']}")
+        except Failure as exc:
+            for wrong, hint in spec["hints"]:
+                if wrong != spec["value"] and np.isclose(number, wrong, rtol=max(spec["tolerance"], 1e-9)):
+                    raise Failure(f"{exc} ({hint})") from None
+            raise
+        shown = f"{int(number):,}" if number.is_integer() and abs(number) < 1e15 else f"{number:.6g}"
+        return f"{label}: {shown} {spec['unit']} is right (within {spec['tolerance']:g}" + \
+            (" relative)." if spec["relative"] else ").")
+
+    result = run_check(exercise, body)
+    return result

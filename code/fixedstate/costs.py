@@ -1,0 +1,236 @@
+"""FLOP and memory accounting (chapters "The cost of softmax attention" and "Linear attention").
+
+Counting convention for every FLOP counter here:
+
+- a multiply-add counts as **2 FLOPs**, so a product of an ``(m, n)`` and an
+  ``(n, p)`` matrix costs ``2 m n p``;
+- only the matrix products of the attention *core* are counted: the scores
+  ``Q K^T`` and the weighted sum ``A V`` for softmax attention; the state write
+  ``phi(K)^T V`` and the readout ``phi(Q) S`` for linear attention;
+- **not counted**: the projections that make ``Q, K, V`` from the input, the
+  output projection, the exponentials, maxima and divisions of the softmax, the
+  feature map, and the division by the normalizer. They are lower order (at
+  most proportional to ``T^2`` without a width factor, or to ``T`` times a width).
+
+Memory counters return numbers of stored values (``*_numbers``) or bytes
+(``*_bytes``, numbers times ``bytes_per_element``: 2 for fp16/bf16, 4 for fp32,
+0.5 for 4-bit).
+
+Every counter accepts Python ints, numpy integers or numpy integer arrays for
+its size arguments (so a cost can be plotted against an array of context
+lengths); results are Python ints for scalar input and int64 arrays otherwise
+(floats when ``bytes_per_element`` is not an integer).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = [
+    "kv_cache_numbers",
+    "kv_cache_bytes",
+    "linear_state_numbers",
+    "linear_state_bytes",
+    "softmax_attention_flops",
+    "linear_attention_flops",
+    "softmax_decode_flops",
+    "linear_decode_flops",
+    "crossover_length",
+    "decode_crossover_length",
+]
+
+
+def _count(x, name: str, *, minimum: int = 0):
+    """An integer (or integer array) >= minimum, as a Python int or an int64 array."""
+    if isinstance(x, (bool, np.bool_)):
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got bool {x!r}")
+    if isinstance(x, numbers.Integral):
+        if x < minimum:
+            raise ValueError(f"{name}: expected an integer >= {minimum}, got {int(x)}")
+        return int(x)
+    if isinstance(x, np.ndarray) or isinstance(x, (list, tuple)):
+        arr = np.asarray(x)
+        if arr.dtype.kind not in "iu":
+            raise ValueError(f"{name}: expected an integer or an array of integers >= {minimum}, "
+                             f"got an array of dtype {arr.dtype}")
+        if arr.size and arr.min() < minimum:
+            raise ValueError(f"{name}: expected integers >= {minimum}, got {int(arr.min())}")
+        return arr.astype(np.int64)
+    raise ValueError(f"{name}: expected an integer or an array of integers >= {minimum}, "
+                     f"got {type(x).__name__} {x!r}")
+
+
+def _bytes_per_element(x):
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real) or not np.isfinite(x) or x <= 0:
+        raise ValueError(f"bytes_per_element: expected a positive number (2 for fp16, 4 for fp32, "
+                         f"0.5 for 4-bit), got {x!r}")
+    if isinstance(x, numbers.Integral) or float(x).is_integer():
+        return int(x)
+    return float(x)
+
+
+def kv_cache_numbers(context_len, *, n_layers=1, n_kv_heads=1, head_dim):
+    """Numbers stored in a KV cache, equation ``eq-sm-kv-cache``: ``2 * T * L * H_kv * d_head``.
+
+    One key and one value of width ``head_dim`` per token, per KV head, per layer.
+    ``context_len`` (``T``) may be an int or an integer array; the result has its shape.
+    """
+    t = _count(context_len, "context_len")
+    n_layers = _count(n_layers, "n_layers", minimum=1)
+    n_kv_heads = _count(n_kv_heads, "n_kv_heads", minimum=1)
+    head_dim = _count(head_dim, "head_dim", minimum=1)
+    return 2 * t * n_layers * n_kv_heads * head_dim
+
+
+def kv_cache_bytes(context_len, *, n_layers=1, n_kv_heads=1, head_dim, bytes_per_element=2):
+    """Bytes of a KV cache, equation ``eq-sm-kv-cache``: ``2 * T * L * H_kv * d_head * bytes``.
+
+    ``context_len``: int or integer array (tokens in the cache); ``bytes_per_element``:
+    2 for fp16/bf16 (the default), 4 for fp32. The result has the shape of ``context_len``.
+    """
+    b = _bytes_per_element(bytes_per_element)
+    return kv_cache_numbers(context_len, n_layers=n_layers, n_kv_heads=n_kv_heads,
+                            head_dim=head_dim) * b
+
+
+def linear_state_numbers(*, n_layers=1, n_heads=1, d_k, d_v, include_normalizer=False):
+    """Numbers in the fixed state of a linear-attention model, equation ``eq-la-state-size``.
+
+    ``L * H * d_k * d_v`` for the states ``S`` (``d_k`` is the feature width ``r``),
+    plus ``L * H * d_k`` when ``include_normalizer`` (the vector ``z``). Independent of
+    the context length.
+    """
+    n_layers = _count(n_layers, "n_layers", minimum=1)
+    n_heads = _count(n_heads, "n_heads", minimum=1)
+    d_k = _count(d_k, "d_k", minimum=1)
+    d_v = _count(d_v, "d_v", minimum=1)
+    if not isinstance(include_normalizer, (bool, np.bool_)):
+        raise ValueError(f"include_normalizer: expected True or False, got {include_normalizer!r}")
+    return n_layers * n_heads * d_k * (d_v + (1 if include_normalizer else 0))
+
+
+def linear_state_bytes(*, n_layers=1, n_heads=1, d_k, d_v, bytes_per_element=2,
+                       include_normalizer=False):
+    """Bytes of the fixed state of a linear-attention model, equation ``eq-la-state-size``.
+
+    :func:`linear_state_numbers` times ``bytes_per_element`` (2 for fp16/bf16).
+    """
+    b = _bytes_per_element(bytes_per_element)
+    return linear_state_numbers(n_layers=n_layers, n_heads=n_heads, d_k=d_k, d_v=d_v,
+                                include_normalizer=include_normalizer) * b
+
+
+def softmax_attention_flops(seq_len, d_k, d_v, *, causal=False):
+    """FLOPs of the softmax attention core over a sequence (prefill), equation ``eq-sm-flops``.
+
+    ``Q K^T`` costs ``2 T^2 d_k`` and ``A V`` costs ``2 T^2 d_v``: ``2 T^2 (d_k + d_v)``,
+    which is ``4 T^2 d`` when ``d_k = d_v = d``. This is what a masked matrix
+    product computes (the masked half is computed and then zeroed). With
+    ``causal=True`` only the ``T (T + 1) / 2`` visible pairs are counted:
+    ``T (T + 1) (d_k + d_v)``. One head, one sequence; softmax arithmetic not counted.
+    """
+    t = _count(seq_len, "seq_len")
+    d_k = _count(d_k, "d_k", minimum=1)
+    d_v = _count(d_v, "d_v", minimum=1)
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ValueError(f"causal: expected True or False, got {causal!r}")
+    pairs = t * (t + 1) // 2 if causal else t * t
+    return 2 * pairs * (d_k + d_v)
+
+
+def linear_attention_flops(seq_len, r, d_v, *, normalize=False):
+    """FLOPs of the linear attention core over a sequence, equation ``eq-la-flops``.
+
+    Writing ``phi(K)^T V`` costs ``2 T r d_v`` and reading ``phi(Q) S`` another
+    ``2 T r d_v``: ``4 T r d_v`` (the recurrent form does one write and one read per
+    token; the chunkwise form does the same count up to the lower-order
+    intra-chunk products). ``normalize=True`` carries the normalizer as one more
+    value column: ``4 T r (d_v + 1)``. The feature map and the division are not counted.
+    """
+    t = _count(seq_len, "seq_len")
+    r = _count(r, "r", minimum=1)
+    d_v = _count(d_v, "d_v", minimum=1)
+    if not isinstance(normalize, (bool, np.bool_)):
+        raise ValueError(f"normalize: expected True or False, got {normalize!r}")
+    return 4 * t * r * (d_v + (1 if normalize else 0))
+
+
+def softmax_decode_flops(context_len, d_k, d_v):
+    """FLOPs to generate one token with a KV cache, equation ``eq-sm-decode-flops``.
+
+    The new query against ``n = context_len`` cached keys (the new token's
+    included): ``2 n d_k`` for the scores and ``2 n d_v`` for the weighted sum,
+    ``2 n (d_k + d_v)``; it grows with the context.
+    """
+    n = _count(context_len, "context_len")
+    d_k = _count(d_k, "d_k", minimum=1)
+    d_v = _count(d_v, "d_v", minimum=1)
+    return 2 * n * (d_k + d_v)
+
+
+def linear_decode_flops(r, d_v, *, normalize=False):
+    """FLOPs to generate one token with a fixed state, equation ``eq-la-decode-flops``.
+
+    One write ``S + phi(k) v^T`` (``2 r d_v``: a multiply and an add per entry) and
+    one readout ``S^T phi(q)`` (``2 r d_v``): ``4 r d_v``, or ``4 r (d_v + 1)`` with the
+    normalizer. Independent of the context length.
+    """
+    r = _count(r, "r", minimum=1)
+    d_v = _count(d_v, "d_v", minimum=1)
+    if not isinstance(normalize, (bool, np.bool_)):
+        raise ValueError(f"normalize: expected True or False, got {normalize!r}")
+    return 4 * r * (d_v + (1 if normalize else 0))
+
+
+def _first_true(predicate, what: str, limit: int = 1 << 62) -> int:
+    """Smallest integer n >= 1 with predicate(n) True, for a predicate that stays True."""
+    hi = 1
+    while not predicate(hi):
+        hi *= 2
+        if hi > limit:
+            raise ValueError(f"{what}: no crossover below {limit}")
+    lo = hi // 2  # predicate(lo) is False (or lo == 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if predicate(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def crossover_length(r, d_k, d_v, *, causal=False, normalize=False) -> int:
+    """Shortest sequence for which linear attention's core costs fewer FLOPs than softmax's.
+
+    Found by searching the two counters :func:`softmax_attention_flops` and
+    :func:`linear_attention_flops` (equation ``eq-la-crossover``), not from a
+    formula: with ``d_k = d_v`` and the default full-square count it is ``r + 1``
+    (linear attention is cheaper exactly when ``T > r``). Scalars only.
+    """
+    for name, x in (("r", r), ("d_k", d_k), ("d_v", d_v)):
+        if not isinstance(_count(x, name, minimum=1), int):
+            raise ValueError(f"{name}: expected a single integer, got an array")
+
+    def cheaper(t: int) -> bool:
+        return (linear_attention_flops(t, r, d_v, normalize=normalize)
+                < softmax_attention_flops(t, d_k, d_v, causal=causal))
+
+    return _first_true(cheaper, "crossover_length")
+
+
+def decode_crossover_length(r, d_k, d_v, *, normalize=False) -> int:
+    """Shortest context at which one decode step with a fixed state beats one with a KV cache.
+
+    Searches :func:`softmax_decode_flops` against :func:`linear_decode_flops`; with
+    ``d_k = d_v`` it is ``r + 1``. Scalars only.
+    """
+    for name, x in (("r", r), ("d_k", d_k), ("d_v", d_v)):
+        if not isinstance(_count(x, name, minimum=1), int):
+            raise ValueError(f"{name}: expected a single integer, got an array")
+
+    def cheaper(n: int) -> bool:
+        return linear_decode_flops(r, d_v, normalize=normalize) < softmax_decode_flops(n, d_k, d_v)
+
+    return _first_true(cheaper, "decode_crossover_length")

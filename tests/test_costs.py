@@ -1,0 +1,137 @@
+"""Cost and memory accounting (fixedstate.costs).
+
+Properties from the chapters:
+- the FLOP counters equal 2 x (multiply-adds) of the matrix products the
+  implementations actually perform, counted from the shapes of those products;
+- the worked figures of the sources come out of the functions: a d_k = d_v = 128
+  state holds 16,384 numbers, a 100,000-token KV cache of one such head 25.6
+  million; the 128k-token KV cache of a d = 4096, 32-layer fp16 model is about
+  67 GB (s = 128,000) or exactly 64 GiB (s = 131,072);
+- the crossover: linear attention's core is cheaper than softmax's exactly when
+  s > r (d_k = d_v, full-square count), found by searching the counters;
+- the KV cache grows linearly with the context, the state does not depend on it;
+- bad input raises ValueError naming the argument.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fixedstate import costs
+
+SETTINGS = settings(max_examples=50, deadline=None)
+
+
+def _matmul_flops(a_shape, b_shape):
+    """2 FLOPs per multiply-add of an (m, n) @ (n, p) product."""
+    (m, n), (n2, p) = a_shape, b_shape
+    assert n == n2
+    return 2 * m * n * p
+
+
+def test_source_state_vs_cache_numbers():
+    # source 000, exercise "apply": d_k = d_v = 128, 100,000 tokens
+    assert costs.linear_state_numbers(d_k=128, d_v=128) == 16_384
+    assert costs.kv_cache_numbers(100_000, head_dim=128) == 25_600_000
+    # with the normalizer the state grows by d_k numbers, still independent of the length
+    assert costs.linear_state_numbers(d_k=128, d_v=128, include_normalizer=True) == 16_384 + 128
+
+
+def test_source_128k_kv_cache():
+    # source 004: d = 4096 (one KV "head" of width 4096, or 32 heads of 128), 32 layers, fp16
+    b = costs.kv_cache_bytes(128_000, n_layers=32, head_dim=4096, bytes_per_element=2)
+    assert b == 67_108_864_000                       # about 67 GB, as the source says
+    assert b == costs.kv_cache_bytes(128_000, n_layers=32, n_kv_heads=32, head_dim=128)
+    b2 = costs.kv_cache_bytes(131_072, n_layers=32, head_dim=4096)
+    assert b2 == 64 * 2**30                          # 128k read as 131,072: exactly 64 GiB
+
+
+def test_source_mamba_state_figure_is_4_mb_not_0_17_gb():
+    # source 004 claims 16 * 4096 * 32 * 2 bytes ~ 0.17 GB; the product is ~4.2 MB
+    b = costs.linear_state_bytes(n_layers=32, d_k=16, d_v=4096, bytes_per_element=2)
+    assert b == 4_194_304
+    assert abs(b - 0.17e9) > 0.1e9
+
+
+@SETTINGS
+@given(t=st.integers(0, 300), d_k=st.integers(1, 64), d_v=st.integers(1, 64), r=st.integers(1, 64))
+def test_flop_counters_equal_the_products_performed(t, d_k, d_v, r):
+    # softmax prefill: (T, d_k) @ (d_k, T) then (T, T) @ (T, d_v)
+    assert costs.softmax_attention_flops(t, d_k, d_v) == (
+        _matmul_flops((t, d_k), (d_k, t)) + _matmul_flops((t, t), (t, d_v)))
+    # causal: only the visible pairs, one (1, d_k) @ (d_k, j) and one (1, j) @ (j, d_v) per row j
+    assert costs.softmax_attention_flops(t, d_k, d_v, causal=True) == sum(
+        _matmul_flops((1, d_k), (d_k, j)) + _matmul_flops((1, j), (j, d_v)) for j in range(1, t + 1))
+    # linear attention: phi(K)^T V is (r, T) @ (T, d_v); phi(Q) S is (T, r) @ (r, d_v)
+    assert costs.linear_attention_flops(t, r, d_v) == (
+        _matmul_flops((r, t), (t, d_v)) + _matmul_flops((t, r), (r, d_v)))
+    assert costs.linear_attention_flops(t, r, d_v, normalize=True) == (
+        _matmul_flops((r, t), (t, d_v + 1)) + _matmul_flops((t, r), (r, d_v + 1)))
+    # one decode step: outer product write (r*d_v multiplies + r*d_v adds) and (1, r) @ (r, d_v)
+    assert costs.linear_decode_flops(r, d_v) == 2 * r * d_v + _matmul_flops((1, r), (r, d_v))
+    assert costs.softmax_decode_flops(t, d_k, d_v) == (
+        _matmul_flops((1, d_k), (d_k, t)) + _matmul_flops((1, t), (t, d_v)))
+
+
+@SETTINGS
+@given(r=st.integers(1, 600), d=st.integers(1, 256))
+def test_crossover_is_s_greater_than_r(r, d):
+    s = costs.crossover_length(r, d, d)
+    assert s == r + 1
+    # the defining property, checked on both sides of the crossover
+    assert costs.linear_attention_flops(s, r, d) < costs.softmax_attention_flops(s, d, d)
+    assert costs.linear_attention_flops(s - 1, r, d) >= costs.softmax_attention_flops(s - 1, d, d)
+    assert costs.decode_crossover_length(r, d, d) == r + 1
+
+
+@SETTINGS
+@given(r=st.integers(1, 300), d_k=st.integers(1, 64), d_v=st.integers(1, 64),
+       causal=st.booleans(), normalize=st.booleans())
+def test_crossover_matches_brute_force(r, d_k, d_v, causal, normalize):
+    s = costs.crossover_length(r, d_k, d_v, causal=causal, normalize=normalize)
+    lengths = np.arange(1, s + 1)
+    lin = costs.linear_attention_flops(lengths, r, d_v, normalize=normalize)
+    soft = costs.softmax_attention_flops(lengths, d_k, d_v, causal=causal)
+    cheaper = lin < soft
+    assert cheaper[-1] and not cheaper[:-1].any()
+
+
+def test_causal_count_moves_the_crossover_to_about_2r():
+    # counting only the visible half of the causal square halves softmax's cost
+    for r in (16, 64, 128, 256):
+        assert costs.crossover_length(r, r, r, causal=True) == 2 * r
+
+
+def test_arrays_of_context_lengths():
+    lengths = np.array([0, 1, 1000, 128_000])
+    kv = costs.kv_cache_bytes(lengths, n_layers=32, head_dim=4096)
+    assert kv.shape == lengths.shape and kv.dtype == np.int64
+    np.testing.assert_array_equal(kv, [costs.kv_cache_bytes(int(s), n_layers=32, head_dim=4096)
+                                       for s in lengths])
+    # linear in the context: bytes per token is constant
+    np.testing.assert_array_equal(np.diff(costs.kv_cache_numbers(np.arange(10), head_dim=8)), 16)
+    dec = costs.softmax_decode_flops(lengths, 128, 128)
+    assert dec.shape == lengths.shape
+
+
+def test_bytes_per_element_scales_and_accepts_fractions():
+    assert costs.kv_cache_bytes(10, head_dim=4, bytes_per_element=4) == 2 * costs.kv_cache_bytes(10, head_dim=4)
+    assert costs.linear_state_bytes(d_k=4, d_v=4, bytes_per_element=0.5) == 8.0
+    assert isinstance(costs.kv_cache_bytes(10, head_dim=4), int)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: costs.kv_cache_bytes(-1, head_dim=4), "context_len"),
+    (lambda: costs.kv_cache_bytes(1.5, head_dim=4), "context_len"),
+    (lambda: costs.kv_cache_bytes(np.array([1.0, 2.0]), head_dim=4), "context_len"),
+    (lambda: costs.kv_cache_bytes(10, head_dim=0), "head_dim"),
+    (lambda: costs.kv_cache_bytes(10, head_dim=4, n_layers=True), "n_layers"),
+    (lambda: costs.kv_cache_bytes(10, head_dim=4, bytes_per_element=0), "bytes_per_element"),
+    (lambda: costs.linear_state_bytes(d_k=4, d_v="4"), "d_v"),
+    (lambda: costs.softmax_attention_flops(10, 0, 4), "d_k"),
+    (lambda: costs.linear_attention_flops(10, 4, 4, normalize="yes"), "normalize"),
+    (lambda: costs.crossover_length(np.array([4, 8]), 4, 4), "r"),
+])
+def test_bad_input_names_the_argument(call, name):
+    with pytest.raises(ValueError, match="^" + name):
+        call()
