@@ -1,0 +1,231 @@
+"""Checks for the exercises of chapter "State-space models" (chap-ssm).
+
+Numeric answers live in :data:`ANSWERS`, each computed by the package (never
+typed in) with its tolerance, and are checked by :func:`check_answer`. The
+coding exercises are checked by:
+
+- :func:`check_discretize_zoh`: ``discretize_zoh(A, B, delta) -> (A_bar, B_bar)``;
+- :func:`check_ssm_kernel`: ``ssm_kernel(A_bar, B_bar, C, length) -> K``;
+- :func:`check_selective_step`: ``selective_step(state, x_t, delta_t, A, B_t, C_t, D) -> (y_t, new_state)``.
+
+Each check compares with :mod:`fixedstate.ssm` and, when the answer is wrong,
+recognises the usual mistakes and names them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.linalg
+
+from .. import costs
+from .. import ssm
+from ._core import (CheckResult, Failure, call_student, compare_arrays, compare_number, failed,
+                    run_check)
+
+__all__ = ["ANSWERS", "check_answer", "check_discretize_zoh", "check_ssm_kernel",
+           "check_selective_step", "KV_PROBLEM"]
+
+#: The worked problem of source 004: one stream, d = 4096, 32 layers, fp16, 128,000 tokens, N = 16.
+KV_PROBLEM = dict(d_model=4096, n_layers=32, bytes_per_number=2, context=128_000, state_size=16)
+
+
+def _answers() -> dict[str, dict]:
+    p = KV_PROBLEM
+    kv = costs.kv_cache_bytes(p["context"], n_layers=p["n_layers"], n_kv_heads=1,
+                              head_dim=p["d_model"], bytes_per_element=p["bytes_per_number"])
+    state = ssm.ssm_state_bytes(p["d_model"], p["n_layers"], p["state_size"],
+                                bytes_per_number=p["bytes_per_number"])
+    # selectivity: with A = -1, the step at which a token's write leaves half of the old state
+    a = -1.0
+    half = math.log(0.5) / a
+    # associativity: the pairwise scan's number of sequential levels for T = 128,000 (up and down)
+    levels = _scan_levels(p["context"])
+    return {
+        "ex-ssm-kv-gb": dict(value=kv / 1e9, tolerance=0.01, relative=True,
+                             what="the KV cache at 128,000 tokens, in GB (1 GB = 1e9 bytes)"),
+        "ex-ssm-state-mb": dict(value=state / 1e6, tolerance=0.01, relative=True,
+                                what="the N = 16 SSM state of the 32 layers, in MB (1 MB = 1e6 bytes)"),
+        "ex-ssm-ratio": dict(value=kv / state, tolerance=0.01, relative=True,
+                             what="how many times larger the KV cache is than the SSM state"),
+        "ex-ssm-half-step": dict(value=half, tolerance=1e-3, relative=True,
+                                 what="the step size delta that keeps half of the old state when A = -1"),
+        "ex-ssm-scan-levels": dict(value=levels, tolerance=0, relative=False,
+                                   what="the number of sequential levels of the pairwise scan at T = 128,000"),
+    }
+
+
+def _scan_levels(T: int) -> int:
+    """Sequential levels of :func:`fixedstate.ssm.associative_scan`: one pairing and one fill-in per halving."""
+    levels = 0
+    while T > 1:
+        levels += 1 if T == 2 else 2     # pair up; fill in the even positions (none to fill when T == 2)
+        T //= 2
+    return levels
+
+
+ANSWERS = _answers()
+
+
+def check_answer(label: str, value) -> CheckResult:
+    """Compare a numeric answer with the stored one (computed by the package)."""
+    if label not in ANSWERS:
+        return failed(label, f"no numeric answer is stored under {label!r}; labels are "
+                             + ", ".join(sorted(ANSWERS)))
+    spec = ANSWERS[label]
+
+    def body():
+        if value is None or value is Ellipsis:
+            raise Failure("replace the `...` with your number")
+        compare_number(value, spec["value"], tolerance=spec["tolerance"], relative=spec["relative"],
+                       what=spec["what"])
+        return f"{spec['what']}: {float(value):.4g}"
+
+    return run_check(label, body)
+
+
+# ---------------------------------------------------------------------------
+# discretize an SSM by zero-order hold
+
+def _zoh_cases():
+    rng = np.random.default_rng(20)
+    A_h, B_h = ssm.hippo_legs(4)
+    M = rng.normal(size=(3, 3))
+    A_r = M - (np.max(np.linalg.eigvals(M).real) + 0.5) * np.eye(3)
+    return [(A_h, B_h, 0.1, "HiPPO-LegS with N = 4 and delta = 0.1"),
+            (A_r, rng.normal(size=3), 0.5, "a random stable 3 x 3 A with delta = 0.5"),
+            (np.diag([-1.0, -2.0]), np.array([1.0, -1.0]), 0.8, "a diagonal A = diag(-1, -2) with delta = 0.8")]
+
+
+def _close(got, want, tol=1e-8) -> bool:
+    got = np.asarray(got, dtype=float)
+    return got.shape == np.shape(want) and bool(np.allclose(got, want, rtol=tol, atol=tol))
+
+
+def check_discretize_zoh(discretize_zoh) -> CheckResult:
+    """Check ``discretize_zoh(A, B, delta) -> (A_bar, B_bar)`` against ``eq-ssm-zoh``."""
+    label = "ex-ssm-zoh"
+
+    def body():
+        for A, B, delta, case in _zoh_cases():
+            out = call_student(discretize_zoh, A.copy(), B.copy(), delta, case=case)
+            if not isinstance(out, tuple) or len(out) != 2:
+                raise Failure(f"on {case}: expected a pair (A_bar, B_bar), got {type(out).__name__}")
+            A_bar, B_bar = out
+            want_A, want_B = ssm.discretize_zoh(A, B, delta)
+            if not _close(A_bar, want_A) and _close(A_bar, np.exp(delta * A)):
+                raise Failure(f"A_bar on {case} is the entrywise exponential np.exp(delta * A); the zero-order "
+                              "hold needs the matrix exponential scipy.linalg.expm(delta * A)")
+            if _close(A_bar, scipy.linalg.expm(A)) and not _close(A_bar, want_A):
+                raise Failure(f"A_bar on {case} is expm(A): the step size delta is missing, A_bar = expm(delta * A)")
+            compare_arrays(A_bar, want_A, what="A_bar", case=case, rtol=1e-8, atol=1e-10)
+            if _close(B_bar, delta * B) and not _close(B_bar, want_B):
+                raise Failure(f"B_bar on {case} is delta * B, the Euler step Mamba's code uses; the exact "
+                              "zero-order hold is A^{-1} (expm(delta A) - I) B")
+            if _close(B_bar, np.linalg.solve(A, want_A - np.eye(len(B))) @ B * delta) and not _close(B_bar, want_B):
+                raise Failure(f"B_bar on {case} has an extra factor delta: A^{{-1}} (expm(delta A) - I) B "
+                              "already contains it (write it as (delta A)^{-1} (expm(delta A) - I) delta B)")
+            compare_arrays(B_bar, want_B, what="B_bar", case=case, rtol=1e-8, atol=1e-10)
+        return "A_bar = expm(delta A) and B_bar = A^-1 (expm(delta A) - I) B on all cases"
+
+    return run_check(label, body)
+
+
+# ---------------------------------------------------------------------------
+# compute the convolution kernel
+
+def _kernel_cases():
+    rng = np.random.default_rng(21)
+    A, B = ssm.hippo_legs(5)
+    A_bar, B_bar = ssm.discretize_zoh(A, B, 0.2)
+    M = rng.normal(size=(3, 3)) * 0.5
+    return [(A_bar, B_bar, rng.normal(size=5), 12, "HiPPO-LegS (N = 5, delta = 0.2), length 12"),
+            (M, rng.normal(size=3), rng.normal(size=3), 7, "a random non-symmetric 3 x 3 A_bar, length 7"),
+            (np.array([[0.5]]), np.array([2.0]), np.array([1.0]), 4, "a scalar system a = 0.5, b = 2, c = 1")]
+
+
+def check_ssm_kernel(ssm_kernel) -> CheckResult:
+    """Check ``ssm_kernel(A_bar, B_bar, C, length) -> K`` (shape ``(length,)``) against ``eq-ssm-kernel``,
+    and that convolving with it reproduces the recurrence."""
+    label = "ex-ssm-kernel"
+
+    def body():
+        for A_bar, B_bar, C, L, case in _kernel_cases():
+            K = call_student(ssm_kernel, A_bar.copy(), B_bar.copy(), C.copy(), L, case=case)
+            want = ssm.ssm_kernel(A_bar, B_bar, C, L)
+            K_arr = np.asarray(K, dtype=float)
+            if K_arr.shape == (L,):
+                shifted = ssm.ssm_kernel(A_bar, A_bar @ B_bar, C, L)
+                if np.allclose(K_arr, shifted, rtol=1e-8) and not np.allclose(K_arr, want, rtol=1e-8):
+                    raise Failure(f"K on {case} starts at C A_bar B_bar: the first tap is K_0 = C B_bar "
+                                  "(A_bar to the power 0), the current token's own contribution")
+                transposed = ssm.ssm_kernel(A_bar.T, B_bar, C, L)
+                if np.allclose(K_arr, transposed, rtol=1e-8) and not np.allclose(K_arr, want, rtol=1e-8):
+                    raise Failure(f"K on {case} uses the transpose of A_bar: K_j = C A_bar^j B_bar with the "
+                                  "matrix power applied to B_bar (A_bar @ v, not v @ A_bar)")
+            compare_arrays(K, want, what="K", case=case, rtol=1e-9, atol=1e-12)
+            # the kernel's raison d'etre: convolution reproduces the recurrence
+            x = np.random.default_rng(L).normal(size=L)
+            compare_arrays(ssm.causal_conv(x, K_arr), ssm.lti_recurrence(A_bar, B_bar, C, x),
+                           what="the convolution of your kernel with an input", case=case)
+        return "K_j = C A_bar^j B_bar, and K * x equals the recurrence on all cases"
+
+    return run_check(label, body)
+
+
+# ---------------------------------------------------------------------------
+# one selective-scan step
+
+def _step_cases():
+    rng = np.random.default_rng(22)
+    d, N = 3, 4
+    A = -np.exp(rng.normal(size=(d, N)))
+    cases = []
+    for i, desc in enumerate(["a zero state", "a random state", "a random state and large steps"]):
+        state = np.zeros((d, N)) if i == 0 else rng.normal(size=(d, N))
+        delta = ssm.selective_delta(rng.normal(size=(1, d)), 2.0 if i == 2 else 0.0)[0]
+        cases.append((state, rng.normal(size=d), delta, A, rng.normal(size=N), rng.normal(size=N),
+                      rng.normal(size=d), f"{desc} (d = {d}, N = {N})"))
+    return cases
+
+
+def check_selective_step(selective_step) -> CheckResult:
+    """Check ``selective_step(state, x_t, delta_t, A, B_t, C_t, D) -> (y_t, new_state)`` (``eq-ssm-selective``).
+
+    Shapes: ``state`` ``(d, N)``, ``x_t``, ``delta_t``, ``D`` ``(d,)``, ``A`` ``(d, N)``,
+    ``B_t``, ``C_t`` ``(N,)``; returns ``y_t`` ``(d,)`` and the new ``(d, N)`` state.
+    """
+    label = "ex-ssm-selective-step"
+
+    def body():
+        for state, x, delta, A, B, C, D, case in _step_cases():
+            out = call_student(selective_step, state.copy(), x.copy(), delta.copy(), A.copy(), B.copy(),
+                               C.copy(), D.copy(), case=case)
+            if not isinstance(out, tuple) or len(out) != 2:
+                raise Failure(f"on {case}: expected a pair (y_t, new_state), got {type(out).__name__}")
+            y, new = (np.asarray(o, dtype=float) for o in out)
+            want_y, want_h = ssm.selective_scan_step(state, x, delta, A, B, C, D)
+            decay = np.exp(delta[:, None] * A)
+            if new.shape == want_h.T.shape and new.shape != want_h.shape:
+                raise Failure(f"new_state on {case} has shape {new.shape}, the transpose of (d, N) = "
+                              f"{want_h.shape}: keep one row per channel, one column per state entry")
+            zoh_b = (decay - 1.0) / A * B[None, :]
+            right = _close(new, want_h)
+            if _close(new, decay * state + zoh_b * x[:, None]) and not right:
+                raise Failure(f"new_state on {case} uses the exact zero-order-hold B_bar = (exp(delta A) - 1)/A * B; "
+                              "Mamba's selective scan uses the Euler step B_bar = delta * B")
+            if _close(new, np.exp(A) * state + (delta * x)[:, None] * B[None, :]) and not right:
+                raise Failure(f"new_state on {case} decays by exp(A): the decay depends on the step, exp(delta * A)")
+            if _close(new, state + (delta * x)[:, None] * B[None, :]) and not right:
+                raise Failure(f"new_state on {case} does not decay the old state: multiply it by exp(delta * A)")
+            compare_arrays(new, want_h, what="new_state", case=case)
+            if _close(y, state @ C + D * x) and not _close(y, want_y):
+                raise Failure(f"y_t on {case} reads the old state: the output reads the updated state, "
+                              "y_t = new_state @ C_t + D * x_t")
+            if _close(y, new @ C) and not _close(y, want_y):
+                raise Failure(f"y_t on {case} misses the skip term D * x_t")
+            compare_arrays(y, want_y, what="y_t", case=case)
+        return "the state decays by exp(delta A), writes delta B x, and y reads the updated state plus D x"
+
+    return run_check(label, body)

@@ -1,0 +1,181 @@
+"""The state-space chapter's exercise checks pass on the reference and name each plausible mistake."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg
+
+from fixedstate import costs, ssm
+from fixedstate.checks import ssm as checks
+
+
+# --------------------------------------------------------------------------- numeric answers
+
+def test_answers_are_the_package_values():
+    # recomputed here from the formulas, independently of the checks module's calls
+    kv = 2 * 128_000 * 4096 * 32 * 2
+    state = 16 * 4096 * 32 * 2
+    assert checks.ANSWERS["ex-ssm-kv-gb"]["value"] == pytest.approx(kv / 1e9, rel=1e-12)
+    assert checks.ANSWERS["ex-ssm-state-mb"]["value"] == pytest.approx(state / 1e6, rel=1e-12)
+    assert checks.ANSWERS["ex-ssm-ratio"]["value"] == pytest.approx(2 * 128_000 / 16, rel=1e-12)
+    assert checks.ANSWERS["ex-ssm-half-step"]["value"] == pytest.approx(np.log(2), rel=1e-12)
+    # the source's published SSM figure (1.7e8 B) is not the answer
+    assert not checks.check_answer("ex-ssm-state-mb", 170.0).passed
+
+
+def test_scan_level_count_matches_the_recursion():
+    calls = []
+    original = ssm._scan
+
+    def counting(a, b):
+        calls.append(a.shape[0])
+        return original(a, b)
+
+    for T in (1, 2, 3, 5, 8, 37, 1000):
+        calls.clear()
+        ssm._scan = counting
+        try:
+            ssm.associative_scan(np.ones((T, 1)), np.ones((T, 1)))
+        finally:
+            ssm._scan = original
+        # each call that recurses does one pairing level, and one fill-in level when T > 2
+        levels = sum(1 + (n > 2) for n in calls if n > 1)
+        assert levels == checks._scan_levels(T)
+    assert checks.ANSWERS["ex-ssm-scan-levels"]["value"] == checks._scan_levels(128_000) == 32
+
+
+def test_check_answer_passes_and_fails():
+    for label, spec in checks.ANSWERS.items():
+        assert checks.check_answer(label, spec["value"]).passed
+    r = checks.check_answer("ex-ssm-kv-gb", 2 * 131_072 * 4096 * 32 * 2 / 1e9 * 1.5)
+    assert not r.passed and "GB" in r.message
+    assert not checks.check_answer("ex-ssm-ratio", ...).passed
+    assert "no numeric answer" in checks.check_answer("ex-nope", 1.0).message
+
+
+# --------------------------------------------------------------------------- discretization
+
+def reference_zoh(A, B, delta):
+    return ssm.discretize_zoh(A, B, delta)
+
+
+def test_zoh_check_passes_on_reference_and_on_augmented_exponential():
+    assert checks.check_discretize_zoh(reference_zoh).passed
+
+    def augmented(A, B, delta):
+        n = A.shape[0]
+        big = np.zeros((n + 1, n + 1))
+        big[:n, :n], big[:n, n] = A, B
+        E = scipy.linalg.expm(delta * big)
+        return E[:n, :n], E[:n, n]
+    r = checks.check_discretize_zoh(augmented)
+    assert r.passed, r
+
+
+@pytest.mark.parametrize("wrong, phrase", [
+    (lambda A, B, d: (np.exp(d * A), np.linalg.solve(A, np.exp(d * A) - np.eye(len(B))) @ B),
+     "entrywise exponential"),
+    (lambda A, B, d: (scipy.linalg.expm(d * A), d * B), "Euler step"),
+    (lambda A, B, d: (scipy.linalg.expm(A), np.linalg.solve(A, scipy.linalg.expm(A) - np.eye(len(B))) @ B),
+     "step size delta is missing"),
+    (lambda A, B, d: (scipy.linalg.expm(d * A),
+                      d * np.linalg.solve(A, scipy.linalg.expm(d * A) - np.eye(len(B))) @ B), "extra factor delta"),
+    (lambda A, B, d: (scipy.linalg.expm(d * A), (scipy.linalg.expm(d * A) - np.eye(len(B))) @ np.linalg.solve(A.T, B)),
+     "B_bar on"),
+    (lambda A, B, d: ..., "replace the `...`"),
+])
+def test_zoh_check_names_the_mistake(wrong, phrase):
+    r = checks.check_discretize_zoh(wrong)
+    assert not r.passed
+    assert phrase in r.message, r.message
+
+
+# --------------------------------------------------------------------------- kernel
+
+def test_kernel_check_passes_on_reference():
+    assert checks.check_ssm_kernel(ssm.ssm_kernel).passed
+
+    def by_powers(A_bar, B_bar, C, length):
+        return np.array([C @ np.linalg.matrix_power(A_bar, j) @ B_bar for j in range(length)])
+    assert checks.check_ssm_kernel(by_powers).passed
+
+
+@pytest.mark.parametrize("wrong, phrase", [
+    (lambda A, B, C, L: np.array([C @ np.linalg.matrix_power(A, j + 1) @ B for j in range(L)]), "K_0 = C B_bar"),
+    (lambda A, B, C, L: np.array([C @ np.linalg.matrix_power(A.T, j) @ B for j in range(L)]), "transpose of A_bar"),
+    (lambda A, B, C, L: np.array([C @ np.linalg.matrix_power(A, j) @ B for j in range(L - 1)]), "expected shape"),
+    (lambda A, B, C, L: np.array([C @ (A ** j) @ B for j in range(L)]), "largest difference"),
+])
+def test_kernel_check_names_the_mistake(wrong, phrase):
+    r = checks.check_ssm_kernel(wrong)
+    assert not r.passed
+    assert phrase in r.message, r.message
+
+
+# --------------------------------------------------------------------------- selective step
+
+def reference_step(state, x_t, delta_t, A, B_t, C_t, D):
+    return ssm.selective_scan_step(state, x_t, delta_t, A, B_t, C_t, D)
+
+
+def test_selective_step_check_passes_on_reference_and_handwritten():
+    assert checks.check_selective_step(reference_step).passed
+
+    def handwritten(state, x_t, delta_t, A, B_t, C_t, D):
+        new = np.exp(delta_t[:, None] * A) * state + np.outer(delta_t * x_t, B_t)
+        return new @ C_t + D * x_t, new
+    assert checks.check_selective_step(handwritten).passed
+
+
+def _zoh_b(state, x, dt, A, B, C, D):
+    decay = np.exp(dt[:, None] * A)
+    new = decay * state + (decay - 1) / A * B[None, :] * x[:, None]
+    return new @ C + D * x, new
+
+
+def _old_readout(state, x, dt, A, B, C, D):
+    new = np.exp(dt[:, None] * A) * state + np.outer(dt * x, B)
+    return state @ C + D * x, new
+
+
+def _no_skip(state, x, dt, A, B, C, D):
+    new = np.exp(dt[:, None] * A) * state + np.outer(dt * x, B)
+    return new @ C, new
+
+
+def _transposed(state, x, dt, A, B, C, D):
+    new = np.exp(dt[:, None] * A) * state + np.outer(dt * x, B)
+    return new @ C + D * x, new.T
+
+
+def _exp_a(state, x, dt, A, B, C, D):
+    new = np.exp(A) * state + np.outer(dt * x, B)
+    return new @ C + D * x, new
+
+
+def _no_decay(state, x, dt, A, B, C, D):
+    new = state + np.outer(dt * x, B)
+    return new @ C + D * x, new
+
+
+@pytest.mark.parametrize("wrong, phrase", [
+    (_zoh_b, "Euler step"),
+    (_old_readout, "reads the old state"),
+    (_no_skip, "skip term D"),
+    (_transposed, "transpose of (d, N)"),
+    (_exp_a, "exp(delta * A)"),
+    (_no_decay, "does not decay the old state"),
+])
+def test_selective_step_check_names_the_mistake(wrong, phrase):
+    r = checks.check_selective_step(wrong)
+    assert not r.passed
+    assert phrase in r.message, r.message
+
+
+def test_crashing_student_code_is_reported_not_raised():
+    def crash(*args):
+        raise IndexError("oops")
+    for check in (checks.check_discretize_zoh, checks.check_ssm_kernel, checks.check_selective_step):
+        r = check(crash)
+        assert not r.passed and "IndexError" in r.message
