@@ -1,0 +1,824 @@
+"""Associative recall: what a fixed-size state forgets (chapter "What a fixed state forgets", chap-recall).
+
+The experiment needs no training. Write ``N`` key-value pairs into a memory,
+then query every key and compare what comes back with the value written under
+it. The memory is one of the book's layers:
+
+- ``"softmax"``: softmax attention over the full KV cache (the cache grows by
+  one row per pair, so nothing is ever lost; a small ``temperature`` makes the
+  lookup sharp);
+- ``"linear"``: additive linear attention with the identity feature map,
+  ``S <- S + k v^T`` (equation ``eq-rc-additive``);
+- ``"delta"``: the delta rule, ``S <- S + beta k (v - S^T k)^T`` (``eq-rc-delta``);
+- ``"gated_delta"``: the gated delta rule, decay by ``gate`` then the delta
+  correction (``eq-rc-gated``);
+- ``"ssm"``: a diagonal selective state-space model (Mamba's scan,
+  :func:`fixedstate.ssm.selective_scan_sequential`) wired as a memory: input
+  ``x_t = v_t``, ``B_t = k_t``, ``C_t = q_t``, every decay ``exp(delta A) = gate``
+  and step ``delta = 1``, so ``S <- gate S + k v^T`` (``eq-rc-ssm``): additive
+  writes with a decay.
+
+The four fixed-state memories are ``(d_k, d_v)`` arrays read out as
+``o = S^T q`` (``eq-rc-readout``). The writes go through the package's own layers
+(:mod:`fixedstate.softmax_attention`, :mod:`fixedstate.linear_attention`,
+:mod:`fixedstate.delta_rule`, :mod:`fixedstate.ssm`); :func:`capacity_curve` uses
+a batched form of the same recurrences (all seeds at once, every prefix length
+from one pass), and the tests prove the two agree.
+
+Contents:
+
+- :func:`make_keys`, :func:`make_values`: unit keys, random or orthonormal, with
+  a controlled overlap ``k_i . k_j`` (``eq-rc-overlap``).
+- :func:`write_memory`, :func:`read_memory`, :func:`recall_pairs`: one experiment.
+- :func:`crosstalk`: the interference term that additive writes leave (``eq-rc-crosstalk``).
+- :func:`capacity_curve`: recall accuracy against ``N / d_k``, averaged over seeds.
+- :func:`make_mqar`, :func:`mqar_answers`, :func:`score_mqar`: the multi-query
+  associative recall task of Zoology (Arora et al., 2024).
+- :func:`lab_update`, :func:`time_lab_update`, :func:`draw_lab`,
+  :func:`draw_capacity`: what the chapter's sliders recompute and draw.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._validate import as_float_array, check_dim, check_interval, check_positive_int, check_same_length
+
+__all__ = [
+    "MECHANISMS",
+    "make_keys",
+    "make_values",
+    "write_memory",
+    "read_memory",
+    "nearest_value",
+    "recall_pairs",
+    "RecallResult",
+    "crosstalk",
+    "batched_final_states",
+    "capacity_curve",
+    "CapacityCurve",
+    "make_mqar",
+    "MQARBatch",
+    "mqar_answers",
+    "score_mqar",
+    "lab_n_values",
+    "lab_update",
+    "time_lab_update",
+    "draw_lab",
+    "draw_capacity",
+]
+
+MECHANISMS = ("softmax", "linear", "delta", "gated_delta", "ssm")
+"""The memories compared in the chapter, in the order the figures show them."""
+
+FIXED_STATE = ("linear", "delta", "gated_delta", "ssm")
+
+
+# ----------------------------------------------------------------------------
+# argument checks
+# ----------------------------------------------------------------------------
+
+def _rng(rng):
+    if rng is None:
+        return np.random.default_rng(0)
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, numbers.Integral) and not isinstance(rng, bool):
+        return np.random.default_rng(int(rng))
+    raise ValueError(f"rng: expected a numpy Generator, an integer seed or None, got {type(rng).__name__} {rng!r}")
+
+
+def _mechanism(mechanism) -> str:
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"mechanism: expected one of {MECHANISMS}, got {mechanism!r}")
+    return mechanism
+
+
+def _overlap(overlap) -> float:
+    arr = as_float_array(overlap, "overlap", ndim=0)
+    check_interval(arr, "overlap", 0.0, 1.0)
+    return float(arr)
+
+
+def _positive(value, name: str) -> float:
+    arr = as_float_array(value, name, ndim=0)
+    if not float(arr) > 0:
+        raise ValueError(f"{name}: expected a positive number, got {float(arr)!r}")
+    return float(arr)
+
+
+def _unit_interval(value, name: str, *, low_closed: bool) -> float:
+    arr = as_float_array(value, name, ndim=0)
+    check_interval(arr, name, 0.0, 1.0, low_closed=low_closed)
+    return float(arr)
+
+
+def _params(temperature, beta, gate):
+    return (_positive(temperature, "temperature"),
+            _unit_interval(beta, "beta", low_closed=False),
+            _unit_interval(gate, "gate", low_closed=False))
+
+
+# ----------------------------------------------------------------------------
+# keys and values
+# ----------------------------------------------------------------------------
+
+def _random_unit(rng, shape) -> np.ndarray:
+    x = rng.standard_normal(shape)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _orthonormal_rows(rng, n: int, d: int) -> np.ndarray:
+    """``n <= d`` orthonormal rows of length ``d`` from a random rotation."""
+    q, r = np.linalg.qr(rng.standard_normal((d, d)))
+    q = q * np.sign(np.diag(r))  # Haar-distributed
+    return q[:, :n].T.copy()
+
+
+def make_keys(n_pairs, d_k, *, overlap=0.0, orthogonal=False, rng=None) -> np.ndarray:
+    """Unit-length keys with a controlled overlap, equation ``eq-rc-overlap``.
+
+    ``orthogonal=True`` (needs ``n_pairs <= d_k``): the keys have Gram matrix
+    exactly ``(1 - overlap) I + overlap 1 1^T``, so every pair has ``k_i . k_j =
+    overlap``; with ``overlap = 0`` they are orthonormal. Built as ``G^{1/2} Q``
+    with ``Q`` orthonormal rows from a random rotation.
+
+    ``orthogonal=False``: ``k_i = sqrt(overlap) c + sqrt(1 - overlap) u_i`` with a
+    shared random unit direction ``c`` and random unit vectors ``u_i``
+    perpendicular to it, so ``k_i . k_j = overlap + (1 - overlap) u_i . u_j``:
+    ``overlap`` on average, plus the chance overlap of random directions. With
+    ``overlap = 0`` these are plain random unit vectors.
+
+    Parameters
+    ----------
+    n_pairs : int >= 1
+    d_k : int >= 1
+    overlap : float in [0, 1]
+    orthogonal : bool
+    rng : numpy Generator, int seed or None (seed 0)
+
+    Returns
+    -------
+    array of shape ``(n_pairs, d_k)``, every row of length 1.
+    """
+    n = check_positive_int(n_pairs, "n_pairs")
+    d = check_positive_int(d_k, "d_k")
+    rho = _overlap(overlap)
+    if not isinstance(orthogonal, (bool, np.bool_)):
+        raise ValueError(f"orthogonal: expected True or False, got {orthogonal!r}")
+    rng = _rng(rng)
+    if orthogonal:
+        if n > d:
+            raise ValueError(f"n_pairs: asked for distinct orthogonal keys, but at most d_k = {d} "
+                             f"such keys exist in {d} dimensions, got n_pairs = {n}")
+        gram = (1.0 - rho) * np.eye(n) + rho * np.ones((n, n))
+        w, u = np.linalg.eigh(gram)
+        root = (u * np.sqrt(np.clip(w, 0.0, None))) @ u.T
+        return root @ _orthonormal_rows(rng, n, d)
+    if rho == 0.0:
+        return _random_unit(rng, (n, d))
+    if d < 2 and rho < 1.0:
+        raise ValueError(f"d_k: keys with overlap {rho} < 1 need d_k >= 2 (a shared direction and "
+                         f"one perpendicular to it), got d_k = {d}")
+    c = _random_unit(rng, (d,))
+    u = rng.standard_normal((n, d))
+    u -= np.outer(u @ c, c)
+    norms = np.linalg.norm(u, axis=1, keepdims=True)
+    u = u / np.where(norms > 0, norms, 1.0)
+    return np.sqrt(rho) * c[None, :] + np.sqrt(1.0 - rho) * u
+
+
+def make_values(n_pairs, d_v, *, orthogonal=False, rng=None) -> np.ndarray:
+    """Unit-length values, ``(n_pairs, d_v)``: random directions, or orthonormal rows
+    (``orthogonal=True``, needs ``n_pairs <= d_v``)."""
+    n = check_positive_int(n_pairs, "n_pairs")
+    d = check_positive_int(d_v, "d_v")
+    rng = _rng(rng)
+    if orthogonal:
+        if n > d:
+            raise ValueError(f"n_pairs: asked for orthonormal values, but at most d_v = {d} exist, "
+                             f"got n_pairs = {n}")
+        return _orthonormal_rows(rng, n, d)
+    return _random_unit(rng, (n, d))
+
+
+# ----------------------------------------------------------------------------
+# one experiment, through the package's layers
+# ----------------------------------------------------------------------------
+
+def _pairs(keys, values):
+    k = as_float_array(keys, "keys", ndim=2)
+    v = as_float_array(values, "values", ndim=2)
+    if k.shape[0] < 1:
+        raise ValueError(f"keys: expected at least one pair (N >= 1), got shape {k.shape}")
+    if k.shape[1] < 1:
+        raise ValueError(f"keys: expected d_k >= 1, got shape {k.shape}")
+    if v.shape[1] < 1:
+        raise ValueError(f"values: expected d_v >= 1, got shape {v.shape}")
+    check_same_length("keys", k, "values", v)
+    return k.astype(np.float64), v.astype(np.float64)
+
+
+def write_memory(mechanism, keys, values, *, beta=1.0, gate=0.9, passes=1):
+    """Write the pairs ``(k_i, v_i)`` in order into a fresh memory, through the package's layer.
+
+    ``passes > 1`` writes the whole list of pairs that many times in a row (for
+    the delta rule with ``beta = 1`` and unit keys each pass is one sweep of the
+    Kaczmarz method for ``K S = V``, equation ``eq-rc-kaczmarz``).
+
+    - ``"softmax"``: the KV cache, grown by :func:`fixedstate.softmax_attention.softmax_decode_step`;
+      returns the tuple ``(keys (N, d_k), values (N, d_v))``.
+    - ``"linear"``: :func:`fixedstate.linear_attention.linear_attention_recurrent` with the
+      identity feature map and no normalizer: ``S = sum_i k_i v_i^T`` (``eq-rc-additive``).
+    - ``"delta"``: :func:`fixedstate.delta_rule.delta_rule_recurrent` with every
+      ``beta_i = beta`` (``eq-rc-delta``).
+    - ``"gated_delta"``: :func:`fixedstate.delta_rule.gated_delta_rule_recurrent`
+      with every ``beta_i = beta`` and every gate ``gate`` (``eq-rc-gated``).
+    - ``"ssm"``: :func:`fixedstate.ssm.selective_scan_sequential` with ``x = values``,
+      ``B = keys``, step ``delta = 1`` and ``A = log(gate)`` in every entry, so
+      ``h = gate h + v k^T``; the state returned is ``S = h^T`` (``eq-rc-ssm``).
+
+    The fixed-state memories are returned as the state ``S`` of shape ``(d_k, d_v)``.
+    """
+    mechanism = _mechanism(mechanism)
+    k, v = _pairs(keys, values)
+    beta = _unit_interval(beta, "beta", low_closed=False)
+    gate = _unit_interval(gate, "gate", low_closed=False)
+    passes = check_positive_int(passes, "passes")
+    if passes > 1:
+        k, v = np.tile(k, (passes, 1)), np.tile(v, (passes, 1))
+    n = k.shape[0]
+    if mechanism == "softmax":
+        from .softmax_attention import softmax_decode_step
+        cache = None
+        for i in range(n):
+            _, cache = softmax_decode_step(k[i], k[i], v[i], cache)
+        return cache
+    if mechanism == "linear":
+        from .linear_attention import identity_feature_map, linear_attention_recurrent
+        _, state, _ = linear_attention_recurrent(k, k, v, feature_map=identity_feature_map,
+                                                 normalize=False)
+        return np.asarray(state, dtype=np.float64)
+    if mechanism == "ssm":
+        from .ssm import selective_scan_sequential
+        d_k, d_v = k.shape[1], v.shape[1]
+        _, h = selective_scan_sequential(v, np.ones((n, d_v)), np.full((d_v, d_k), np.log(gate)),
+                                         k, k, return_state=True)
+        return np.asarray(h, dtype=np.float64).T.copy()
+    from . import delta_rule
+    betas = np.full(n, beta)
+    if mechanism == "delta":
+        _, state = delta_rule.delta_rule_recurrent(k, k, v, betas)
+    else:
+        _, state = delta_rule.gated_delta_rule_recurrent(k, k, v, betas, np.full(n, gate))
+    return np.asarray(state, dtype=np.float64)
+
+
+def read_memory(mechanism, memory, queries, *, temperature=0.01) -> np.ndarray:
+    """Read a memory written by :func:`write_memory` at every query.
+
+    Fixed-state memories: ``o = S^T q`` for each row ``q`` of ``queries``
+    (``(M, d_k)`` -> ``(M, d_v)``). Softmax: ``o = sum_j softmax_j(q . k_j /
+    temperature) v_j`` over the whole cache (``eq-rc-softmax``), computed with
+    :func:`fixedstate.softmax_attention.softmax_attention` (non-causal, every query
+    sees every cached key).
+    """
+    mechanism = _mechanism(mechanism)
+    temperature = _positive(temperature, "temperature")
+    if mechanism == "softmax":
+        if not isinstance(memory, (tuple, list)) or len(memory) != 2:
+            raise ValueError("memory: expected the softmax cache, a tuple (keys (N, d_k), values (N, d_v)), "
+                             f"got {type(memory).__name__}")
+        ck, cv = _pairs(memory[0], memory[1])
+        q = as_float_array(queries, "queries", ndim=2)
+        check_dim(q, "queries", 1, ck.shape[1], "d_k, the width of the cached keys")
+        from .softmax_attention import softmax_attention
+        n, m = ck.shape[0], q.shape[0]
+        out = np.empty((m, cv.shape[1]))
+        # softmax_attention pairs T queries with T keys: read in blocks of n queries
+        for start in range(0, m, n):
+            block = q[start:start + n]
+            padded = np.zeros((n, q.shape[1]))
+            padded[:block.shape[0]] = block
+            res = softmax_attention(padded, ck, cv, causal=False, scale=1.0 / temperature)
+            out[start:start + block.shape[0]] = res[:block.shape[0]]
+        return out
+    state = as_float_array(memory, "memory", ndim=2)
+    q = as_float_array(queries, "queries", ndim=2)
+    check_dim(q, "queries", 1, state.shape[0], "d_k, the first axis of the state S (d_k, d_v)")
+    return q @ state
+
+
+def nearest_value(recalled, values) -> np.ndarray:
+    """Index of the stored value nearest (Euclidean distance) to each recalled vector.
+
+    ``recalled``: ``(M, d_v)``; ``values``: ``(N, d_v)``; result: ``(M,)`` ints.
+    Ties go to the lowest index.
+    """
+    r = as_float_array(recalled, "recalled", ndim=2)
+    v = as_float_array(values, "values", ndim=2)
+    check_dim(r, "recalled", 1, v.shape[1], "d_v, the width of the values")
+    # |r - v_j|^2 = |r|^2 - 2 r.v_j + |v_j|^2: the first term does not depend on j
+    return np.argmin(np.sum(v * v, axis=1)[None, :] - 2.0 * (r @ v.T), axis=1)
+
+
+@dataclass
+class RecallResult:
+    """What :func:`recall_pairs` measured.
+
+    ``recalled`` ``(N, d_v)``: what the memory returned for each key; ``errors``
+    ``(N,)``: ``|recalled_i - v_i| / |v_i|``; ``correct`` ``(N,)``: whether the
+    nearest stored value is ``v_i``; ``accuracy``: the fraction correct;
+    ``mean_error``: the mean of ``errors``.
+    """
+
+    mechanism: str
+    recalled: np.ndarray
+    errors: np.ndarray
+    correct: np.ndarray
+    accuracy: float
+    mean_error: float
+
+
+def recall_pairs(mechanism, keys, values, *, temperature=0.01, beta=1.0, gate=0.9,
+                 passes=1) -> RecallResult:
+    """Write every pair, query every key, score the answers (the chapter's lab).
+
+    ``keys``: ``(N, d_k)``; ``values``: ``(N, d_v)``. The memory is written by
+    :func:`write_memory` and read by :func:`read_memory`; accuracy uses
+    :func:`nearest_value` among the ``N`` stored values (with a softmax cache
+    written ``passes`` times, each value is stored several times; the nearest is
+    still taken among the ``N`` distinct pairs).
+    """
+    k, v = _pairs(keys, values)
+    memory = write_memory(mechanism, k, v, beta=beta, gate=gate, passes=passes)
+    recalled = read_memory(mechanism, memory, k, temperature=temperature)
+    errors = np.linalg.norm(recalled - v, axis=1) / np.linalg.norm(v, axis=1)
+    correct = nearest_value(recalled, v) == np.arange(k.shape[0])
+    return RecallResult(mechanism, recalled, errors, correct, float(np.mean(correct)),
+                        float(np.mean(errors)))
+
+
+def crosstalk(keys, values) -> np.ndarray:
+    """The interference term of additive writes, equation ``eq-rc-crosstalk``.
+
+    For the state ``S = sum_j k_j v_j^T`` the read at ``k_i`` is
+    ``(k_i . k_i) v_i + sum_{j != i} (k_j . k_i) v_j``; this returns the sum over
+    ``j != i`` for every ``i``. ``keys``: ``(N, d_k)``; ``values``: ``(N, d_v)``;
+    result ``(N, d_v)``.
+    """
+    k, v = _pairs(keys, values)
+    gram = k @ k.T
+    np.fill_diagonal(gram, 0.0)
+    return gram @ v
+
+
+# ----------------------------------------------------------------------------
+# capacity curves: batched over seeds, every prefix from one pass
+# ----------------------------------------------------------------------------
+
+def batched_final_states(mechanism, keys, values, *, beta=1.0, gate=0.9, checkpoints=None):
+    """The fixed-state recurrences for a batch of independent sequences at once.
+
+    ``keys``: ``(B, N, d_k)``; ``values``: ``(B, N, d_v)``. Returns the states
+    ``(B, d_k, d_v)`` after all ``N`` writes or, with ``checkpoints`` (a sorted
+    list of prefix lengths), a list of such states, one after each prefix.
+    Same recurrences as ``eq-rc-additive``, ``eq-rc-delta``, ``eq-rc-gated`` and ``eq-rc-ssm``
+    (decay first, then the delta correction with the decayed state); a test
+    proves it equals the package's layers sequence by sequence.
+    """
+    mechanism = _mechanism(mechanism)
+    if mechanism == "softmax":
+        raise ValueError("mechanism: 'softmax' keeps a cache, not a fixed state; expected one of "
+                         f"{FIXED_STATE}")
+    k = as_float_array(keys, "keys", ndim=3)
+    v = as_float_array(values, "values", ndim=3)
+    if k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"values: expected the batch and length of keys {k.shape[:2]}, got shape {v.shape}")
+    beta = _unit_interval(beta, "beta", low_closed=False)
+    gate = _unit_interval(gate, "gate", low_closed=False)
+    b, n, d_k = k.shape
+    marks = [n] if checkpoints is None else list(checkpoints)
+    if any(not 1 <= m <= n for m in marks) or sorted(marks) != marks:
+        raise ValueError(f"checkpoints: expected sorted prefix lengths in [1, {n}], got {marks}")
+    states = []
+    state = np.zeros((b, d_k, v.shape[2]))
+    want = set(marks)
+    for t in range(n):
+        kt, vt = k[:, t, :], v[:, t, :]
+        if mechanism == "linear":
+            state += kt[:, :, None] * vt[:, None, :]
+        elif mechanism == "ssm":
+            state *= gate
+            state += kt[:, :, None] * vt[:, None, :]
+        else:
+            if mechanism == "gated_delta":
+                state *= gate
+            predicted = (kt[:, None, :] @ state)[:, 0, :]
+            state += beta * kt[:, :, None] * (vt - predicted)[:, None, :]
+        if t + 1 in want:
+            states.append(state.copy())
+    return states if checkpoints is not None else states[0]
+
+
+@dataclass
+class CapacityCurve:
+    """Recall accuracy (and mean relative error) against the number of pairs.
+
+    ``n_values`` ``(P,)``; ``ratios`` = ``n_values / d_k``; ``accuracy`` and
+    ``error`` map each mechanism to an array ``(P,)`` averaged over seeds;
+    ``per_seed_accuracy`` maps it to ``(n_seeds, P)``.
+    """
+
+    d_k: int
+    d_v: int
+    n_values: np.ndarray
+    ratios: np.ndarray
+    accuracy: dict = field(default_factory=dict)
+    error: dict = field(default_factory=dict)
+    per_seed_accuracy: dict = field(default_factory=dict)
+
+
+def capacity_curve(d_k, n_values, *, mechanisms=MECHANISMS, d_v=None, overlap=0.0, n_seeds=8,
+                   seed=0, temperature=0.01, beta=1.0, gate=0.9, passes=1) -> CapacityCurve:
+    """Recall accuracy against ``N / d_k`` for each mechanism, averaged over seeds.
+
+    For each of ``n_seeds`` seeds (drawn from ``np.random.default_rng(seed)``, so
+    the curve is reproducible) one sequence of ``max(n_values)`` random unit keys
+    (:func:`make_keys` with ``overlap``, not orthogonal) and random unit values is
+    written; the memory after the first ``N`` writes answers the first ``N`` keys,
+    for every ``N`` in ``n_values``. All mechanisms see the same keys and values.
+    With ``passes > 1`` the first ``N`` pairs are written ``passes`` times over
+    (one run per ``N``); softmax and additive recall are unchanged in direction
+    by repetition (the additive read is scaled by ``passes``, the softmax read is
+    the same), so only the delta-rule family and the SSM are re-run.
+
+    Parameters
+    ----------
+    d_k : int >= 1
+    n_values : increasing ints >= 1, the numbers of pairs
+    d_v : int >= 1, default ``d_k``
+    overlap, temperature, beta, gate : as in :func:`make_keys` and :func:`recall_pairs`
+
+    Returns
+    -------
+    CapacityCurve
+    """
+    d_k = check_positive_int(d_k, "d_k")
+    d_v = d_k if d_v is None else check_positive_int(d_v, "d_v")
+    n_seeds = check_positive_int(n_seeds, "n_seeds")
+    ns = np.asarray(n_values)
+    if ns.ndim != 1 or ns.size == 0 or ns.dtype.kind not in "iu":
+        raise ValueError(f"n_values: expected a non-empty list of integers, got {n_values!r}")
+    if ns.min() < 1:
+        raise ValueError(f"n_values: expected numbers of pairs N >= 1, got {int(ns.min())}")
+    if np.any(np.diff(ns) <= 0):
+        raise ValueError(f"n_values: expected strictly increasing values, got {ns.tolist()}")
+    if isinstance(mechanisms, str):
+        mechanisms = (mechanisms,)
+    mechanisms = tuple(_mechanism(m) for m in mechanisms)
+    if not mechanisms:
+        raise ValueError("mechanisms: expected at least one mechanism, got none")
+    rho = _overlap(overlap)
+    temperature, beta, gate = _params(temperature, beta, gate)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"seed: expected an integer, got {seed!r}")
+    passes = check_positive_int(passes, "passes")
+    n_max = int(ns[-1])
+    rng = np.random.default_rng(int(seed))
+    keys = np.stack([make_keys(n_max, d_k, overlap=rho, rng=rng) for _ in range(n_seeds)])
+    values = _random_unit(rng, (n_seeds, n_max, d_v))
+    marks = [int(x) for x in ns]
+    gram = keys @ keys.transpose(0, 2, 1)
+    # contiguous prefixes: numpy's batched matmul is slow on strided views
+    prefix = {n: (np.ascontiguousarray(gram[:, :n, :n]), np.ascontiguousarray(keys[:, :n, :]),
+                  np.ascontiguousarray(values[:, :n, :])) for n in marks}
+    curve = CapacityCurve(d_k, d_v, ns.astype(int), ns / d_k)
+    for mech in mechanisms:
+        if mech == "softmax" or mech == "linear":
+            states = None
+        elif passes == 1:
+            states = batched_final_states(mech, keys, values, beta=beta, gate=gate, checkpoints=marks)
+        else:
+            states = [batched_final_states(mech, np.tile(prefix[n][1], (1, passes, 1)),
+                                           np.tile(prefix[n][2], (1, passes, 1)), beta=beta, gate=gate)
+                      for n in marks]
+        acc = np.empty((n_seeds, len(marks)))
+        err = np.empty((n_seeds, len(marks)))
+        for p, n in enumerate(marks):
+            g, k_n, vals = prefix[n]
+            if mech == "softmax":
+                scores = g / temperature
+                w = np.exp(scores - scores.max(axis=2, keepdims=True))
+                recalled = (w / w.sum(axis=2, keepdims=True)) @ vals
+            elif mech == "linear":
+                recalled = passes * (g @ vals)  # read of S = passes K^T V at every key
+            else:
+                recalled = k_n @ states[p]
+            sims = recalled @ vals.transpose(0, 2, 1)  # unit values: nearest = largest dot
+            acc[:, p] = np.mean(np.argmax(sims, axis=2) == np.arange(n)[None, :], axis=1)
+            err[:, p] = np.mean(np.linalg.norm(recalled - vals, axis=2), axis=1)
+        curve.accuracy[mech] = acc.mean(axis=0)
+        curve.error[mech] = err.mean(axis=0)
+        curve.per_seed_accuracy[mech] = acc
+    return curve
+
+
+# ----------------------------------------------------------------------------
+# multi-query associative recall (Zoology)
+# ----------------------------------------------------------------------------
+
+@dataclass
+class MQARBatch:
+    """A batch of MQAR sequences from :func:`make_mqar`.
+
+    ``tokens`` ``(B, T)`` ints; ``targets`` ``(B, T)`` ints, the value a model
+    should answer at each query position and ``-1`` elsewhere. Token ``0`` is the
+    filler; ``key_tokens`` and ``value_tokens`` are the two disjoint halves of the
+    rest of the vocabulary.
+    """
+
+    tokens: np.ndarray
+    targets: np.ndarray
+    vocab_size: int
+    n_pairs: int
+    key_tokens: np.ndarray
+    value_tokens: np.ndarray
+
+
+def make_mqar(n_sequences, vocab_size, n_pairs, seq_len, *, n_queries=None, rng=None) -> MQARBatch:
+    """Multi-query associative recall sequences, after Zoology (Arora et al., 2024).
+
+    Each sequence starts with ``n_pairs`` key-value bigrams ``k_1 v_1 ... k_N v_N``
+    (distinct keys drawn from the key half of the vocabulary, values from the
+    value half, repeats allowed), followed by ``n_queries`` (default ``n_pairs``)
+    queries at random positions in the rest of the sequence: a query is one of
+    the written keys (each at most once) followed by its value, and the target
+    at the key's position is that value. Other positions hold the filler ``0``.
+
+    Parameters
+    ----------
+    n_sequences : int >= 1
+    vocab_size : int >= 3 (token 0 is the filler, the rest splits into keys and values)
+    n_pairs : int >= 1, at most the number of key tokens ``(vocab_size - 1) // 2``
+    seq_len : int >= ``2 * n_pairs + 2 * n_queries``
+    n_queries : int in [1, n_pairs], default ``n_pairs``
+    rng : numpy Generator, int seed or None (seed 0)
+
+    Returns
+    -------
+    MQARBatch with ``tokens`` and ``targets`` of shape ``(n_sequences, seq_len)``
+    """
+    b = check_positive_int(n_sequences, "n_sequences")
+    vocab = check_positive_int(vocab_size, "vocab_size", minimum=3)
+    n = check_positive_int(n_pairs, "n_pairs")
+    t_len = check_positive_int(seq_len, "seq_len")
+    m = n if n_queries is None else check_positive_int(n_queries, "n_queries")
+    n_keys = (vocab - 1) // 2
+    if n > n_keys:
+        raise ValueError(f"n_pairs: expected at most {n_keys} pairs, the number of distinct key tokens "
+                         f"in a vocabulary of {vocab}, got {n}")
+    if m > n:
+        raise ValueError(f"n_queries: expected at most n_pairs = {n} (each key is queried once), got {m}")
+    if t_len < 2 * n + 2 * m:
+        raise ValueError(f"seq_len: expected at least 2 * n_pairs + 2 * n_queries = {2 * n + 2 * m}, "
+                         f"got {t_len}")
+    rng = _rng(rng)
+    key_tokens = np.arange(1, 1 + n_keys)
+    value_tokens = np.arange(1 + n_keys, vocab)
+    tokens = np.zeros((b, t_len), dtype=np.int64)
+    targets = np.full((b, t_len), -1, dtype=np.int64)
+    free = t_len - 2 * n  # positions after the context
+    for s in range(b):
+        ks = rng.choice(key_tokens, size=n, replace=False)
+        vs = rng.choice(value_tokens, size=n, replace=True)
+        tokens[s, 0:2 * n:2] = ks
+        tokens[s, 1:2 * n:2] = vs
+        which = rng.choice(n, size=m, replace=False)
+        # m non-overlapping bigram slots among the free positions: choose m starts in a
+        # shortened line of free - m cells, then spread them by one cell each
+        starts = np.sort(rng.choice(free - m, size=m, replace=False)) + np.arange(m)
+        pos = 2 * n + starts
+        tokens[s, pos] = ks[which]
+        tokens[s, pos + 1] = vs[which]
+        targets[s, pos] = vs[which]
+    return MQARBatch(tokens, targets, vocab, n, key_tokens, value_tokens)
+
+
+def _tokens(tokens, vocab_size):
+    arr = np.asarray(tokens)
+    if arr.ndim != 2 or arr.dtype.kind not in "iu":
+        raise ValueError(f"tokens: expected a 2-d integer array (B, T), got {arr.dtype} array of shape {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+        raise ValueError(f"tokens: expected token ids in [0, {vocab_size}), got values in "
+                         f"[{int(arr.min())}, {int(arr.max())}]")
+    return arr
+
+
+def mqar_answers(mechanism, batch: MQARBatch, *, d_k, d_v=None, temperature=0.01, beta=1.0, gate=0.9,
+                 rng=None) -> np.ndarray:
+    """Answer an MQAR batch with a hand-wired one-layer model built on a mechanism.
+
+    Nothing is trained. Each key token gets a random unit key embedding of width
+    ``d_k`` (other tokens embed to zero keys); each value token a random unit
+    value embedding of width ``d_v`` (default ``d_k``). At position ``t`` the layer
+    writes the pair (key embedding of token ``t-1``, value embedding of token
+    ``t``): the previous-token shift that Zoology's analysis of recall relies on,
+    hard-coded. It queries with the key embedding of token ``t``, and the
+    answer is the value token whose embedding is nearest to the output. The layer
+    runs causally over the whole sequence with the package's layers. The gated
+    delta rule decays at every token (filler included); the ``"ssm"`` memory is
+    made selective by hand: its step ``delta`` is 1 where a pair is written and
+    ``1e-9`` elsewhere, so it decays only when it writes.
+
+    Returns ``(B, T)`` predicted token ids (-1 where the query is a zero vector).
+    """
+    mechanism = _mechanism(mechanism)
+    if not isinstance(batch, MQARBatch):
+        raise ValueError(f"batch: expected an MQARBatch from make_mqar, got {type(batch).__name__}")
+    d_k = check_positive_int(d_k, "d_k")
+    d_v = d_k if d_v is None else check_positive_int(d_v, "d_v")
+    temperature, beta, gate = _params(temperature, beta, gate)
+    tokens = _tokens(batch.tokens, batch.vocab_size)
+    rng = _rng(rng)
+    emb_k = np.zeros((batch.vocab_size, d_k))
+    emb_k[batch.key_tokens] = _random_unit(rng, (batch.key_tokens.size, d_k))
+    emb_v = np.zeros((batch.vocab_size, d_v))
+    emb_v[batch.value_tokens] = _random_unit(rng, (batch.value_tokens.size, d_v))
+    b, t_len = tokens.shape
+    preds = np.full((b, t_len), -1, dtype=np.int64)
+    for s in range(b):
+        tok = tokens[s]
+        q = emb_k[tok]
+        k = np.vstack([np.zeros((1, d_k)), emb_k[tok[:-1]]])
+        v = emb_v[tok]
+        if mechanism == "softmax":
+            from .softmax_attention import causal_softmax_attention
+            out = causal_softmax_attention(q, k, v, scale=1.0 / temperature)
+        elif mechanism == "linear":
+            from .linear_attention import identity_feature_map, linear_attention_recurrent
+            out, _, _ = linear_attention_recurrent(q, k, v, feature_map=identity_feature_map,
+                                                   normalize=False)
+        elif mechanism == "ssm":
+            from .ssm import selective_scan_sequential
+            # selectivity, hand-wired: a full step where a pair is written, a step of
+            # 1e-9 elsewhere (no decay, no write)
+            writes = np.any(k != 0, axis=1)
+            step = np.where(writes, 1.0, 1e-9)[:, None] * np.ones((1, d_v))
+            y = selective_scan_sequential(v, step, np.full((d_v, d_k), np.log(gate)), k, q)
+            out = y
+        else:
+            from . import delta_rule
+            betas = np.full(t_len, beta)
+            if mechanism == "delta":
+                out, _ = delta_rule.delta_rule_recurrent(q, k, v, betas)
+            else:
+                out, _ = delta_rule.gated_delta_rule_recurrent(q, k, v, betas, np.full(t_len, gate))
+        out = np.asarray(out, dtype=np.float64)
+        sims = out @ emb_v[batch.value_tokens].T
+        answer = batch.value_tokens[np.argmax(sims, axis=1)]
+        preds[s] = np.where(np.any(q != 0, axis=1), answer, -1)
+    return preds
+
+
+def score_mqar(predictions, targets) -> float:
+    """Fraction of query positions (``targets >= 0``) where ``predictions`` equals the target.
+
+    ``predictions`` and ``targets``: integer arrays of the same shape ``(B, T)``.
+    """
+    p = np.asarray(predictions)
+    t = np.asarray(targets)
+    if p.shape != t.shape:
+        raise ValueError(f"predictions: expected the shape of targets {t.shape}, got {p.shape}")
+    if p.dtype.kind not in "iu" or t.dtype.kind not in "iu":
+        raise ValueError(f"predictions, targets: expected integer token ids, got {p.dtype} and {t.dtype}")
+    mask = t >= 0
+    if not np.any(mask):
+        raise ValueError("targets: expected at least one query position (a target >= 0), got none")
+    return float(np.mean(p[mask] == t[mask]))
+
+
+# ----------------------------------------------------------------------------
+# the lab: what one slider move recomputes, and its figures
+# ----------------------------------------------------------------------------
+
+LAB_MECHANISM_LABELS = {"softmax": "softmax (full KV cache)", "linear": "additive linear attention",
+                        "delta": "delta rule", "gated_delta": "gated delta rule",
+                        "ssm": "diagonal SSM (decay + add)"}
+LAB_COLORS = {"softmax": "black", "linear": "tab:orange", "delta": "tab:blue",
+              "gated_delta": "tab:green", "ssm": "tab:purple"}
+
+
+def lab_n_values(d_k, max_ratio=4) -> np.ndarray:
+    """The numbers of pairs on the lab's capacity axis: 12 points from ``N = 1`` to ``max_ratio * d_k``."""
+    d_k = check_positive_int(d_k, "d_k")
+    max_ratio = check_positive_int(max_ratio, "max_ratio")
+    return np.unique(np.round(np.geomspace(1, max_ratio * d_k, 12)).astype(int))
+
+
+def lab_update(mechanism, n_pairs, d_k, overlap, *, seed=0, n_seeds=8, temperature=0.01, beta=1.0,
+               gate=0.9):
+    """Everything the lab recomputes when a slider moves.
+
+    One experiment (:func:`recall_pairs` through the package's layers) with
+    ``n_pairs`` random unit keys of width ``d_k`` and overlap ``overlap`` and
+    values of width ``d_v = d_k``, and the capacity curves of every mechanism
+    (:func:`capacity_curve` over :func:`lab_n_values`, ``n_seeds`` seeds).
+
+    Returns ``(result, curve)``: a :class:`RecallResult` and a :class:`CapacityCurve`.
+    """
+    mechanism = _mechanism(mechanism)
+    n = check_positive_int(n_pairs, "n_pairs")
+    d_k = check_positive_int(d_k, "d_k")
+    rng = np.random.default_rng(seed)
+    keys = make_keys(n, d_k, overlap=overlap, rng=rng)
+    values = make_values(n, d_k, rng=rng)
+    result = recall_pairs(mechanism, keys, values, temperature=temperature, beta=beta, gate=gate)
+    curve = capacity_curve(d_k, lab_n_values(d_k), overlap=overlap, n_seeds=n_seeds, seed=seed,
+                           temperature=temperature, beta=beta, gate=gate)
+    return result, curve
+
+
+def time_lab_update(d_k, *, n_pairs=None, mechanism="gated_delta", overlap=0.3, repeats=5) -> float:
+    """Wall-clock seconds of one :func:`lab_update` (no drawing) at key width ``d_k``.
+
+    The fastest of ``repeats`` runs, as :mod:`timeit` recommends: on a shared
+    machine the slower runs measure the other programs. ``n_pairs`` defaults to
+    ``2 * d_k``. Machine-dependent: the book reports it from a cell whose output
+    is not compared.
+    """
+    import time
+
+    d_k = check_positive_int(d_k, "d_k")
+    n = 2 * d_k if n_pairs is None else check_positive_int(n_pairs, "n_pairs")
+    repeats = check_positive_int(repeats, "repeats")
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        lab_update(mechanism, n, d_k, overlap)
+        times.append(time.perf_counter() - t0)
+    return float(np.min(times))
+
+
+def draw_lab(mechanism="delta", n_pairs=8, overlap=0.0, *, d_k=16, seed=0, gate=0.9):
+    """Draw the lab for one setting of its sliders; returns the matplotlib Figure.
+
+    Left: the recall error ``|o_i - v_i|`` of every key, in the order written,
+    green where the nearest stored value is the right one and red where it is
+    not. Right: the capacity curves (accuracy against ``N / d_k``) of every
+    mechanism at this overlap, the chosen one drawn bold, with a marker at the
+    current ``N``.
+    """
+    import matplotlib.pyplot as plt
+
+    result, curve = lab_update(mechanism, n_pairs, d_k, overlap, seed=seed, gate=gate)
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(7.6, 3.0), gridspec_kw={"width_ratios": [1.1, 1]})
+    idx = np.arange(1, n_pairs + 1)
+    colors = np.where(result.correct, "tab:green", "tab:red")
+    ax0.bar(idx, result.errors, color=colors, width=0.8)
+    ax0.set_ylim(0, max(1.6, float(result.errors.max()) * 1.05))
+    from matplotlib.ticker import MaxNLocator
+    ax0.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax0.set_xlabel("key i, in the order written")
+    ax0.set_ylabel("recall error |o_i - v_i|")
+    ax0.set_title(f"{LAB_MECHANISM_LABELS[mechanism]}\nN = {n_pairs}, d_k = {d_k}, overlap {overlap:g}: "
+                  f"{int(result.correct.sum())}/{n_pairs} recalled")
+    for mech in MECHANISMS:
+        bold = mech == mechanism
+        ax1.plot(curve.ratios, curve.accuracy[mech], marker="o" if bold else None, ms=3,
+                 lw=2.2 if bold else 1.0, alpha=1.0 if bold else 0.45, color=LAB_COLORS[mech],
+                 label=LAB_MECHANISM_LABELS[mech])
+    ax1.axvline(n_pairs / d_k, color="gray", ls="--", lw=0.8)
+    ax1.set_xscale("log", base=2)
+    ax1.set_ylim(-0.03, 1.03)
+    ax1.set_xlabel("N / d_k (log scale)")
+    ax1.set_ylabel("accuracy (mean of 8 seeds)")
+    ax1.set_title("capacity curves at this overlap")
+    ax1.legend(fontsize=6.5, loc="lower left", frameon=False)
+    return fig
+
+
+def draw_capacity(d_k=16, overlap=0.0, *, seed=0, n_seeds=8, gate=0.9):
+    """Draw every mechanism's capacity curve (accuracy and mean error against ``N / d_k``)."""
+    import matplotlib.pyplot as plt
+
+    curve = capacity_curve(d_k, lab_n_values(d_k), overlap=overlap, n_seeds=n_seeds, seed=seed, gate=gate)
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(7.6, 3.0))
+    for mech in MECHANISMS:
+        ax0.plot(curve.ratios, curve.accuracy[mech], marker="o", ms=3, color=LAB_COLORS[mech],
+                 label=LAB_MECHANISM_LABELS[mech])
+        ax1.plot(curve.ratios, curve.error[mech], marker="o", ms=3, color=LAB_COLORS[mech])
+    for ax in (ax0, ax1):
+        ax.set_xscale("log", base=2)
+        ax.axvline(1.0, color="gray", ls=":", lw=0.8)
+        ax.set_xlabel("N / d_k (log scale)")
+    ax0.set_ylim(-0.03, 1.03)
+    ax0.set_ylabel(f"accuracy (mean of {n_seeds} seeds)")
+    ax1.set_ylabel("mean recall error |o_i - v_i|")
+    ax0.set_title(f"d_k = {d_k}, overlap {overlap:g}")
+    ax1.set_title("error (values have length 1)")
+    ax0.legend(fontsize=6.5, loc="lower left", frameon=False)
+    return fig
