@@ -1,0 +1,191 @@
+"""Checks for the exercises of chapter "Hybrid models" (chap-hybrids).
+
+Numeric answers live in :data:`ANSWERS`, each computed by the package (never
+typed in) with its tolerance, and are checked by :func:`check_answer`. The two
+coding exercises are checked by :func:`check_kv_cache_at` (the KV cache of a
+configuration at a given context) and :func:`check_fit_time_model` (the
+two-point model of time per token).
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+
+from .. import costs
+from .. import hybrid as hy
+from ._core import CheckResult, Failure, call_student, compare_number, failed, run_check
+
+__all__ = ["ANSWERS", "check_answer", "check_kv_cache_at", "check_fit_time_model",
+           "PUBLISHED_THROUGHPUT"]
+
+#: The published measurement (chumba2026beyond): context lengths and tokens per second.
+PUBLISHED_THROUGHPUT = ((2500, 16000), (224.0, 199.0))
+
+
+def _answers() -> dict[str, dict]:
+    qwen = hy.qwen35_9b_config()
+    # the source's 128k problem: d = 4096, 32 layers, fp16, one K and one V of width d per
+    # token per layer; a Mamba-style state of N = 16 numbers per channel
+    kv_128k = costs.kv_cache_bytes(128_000, n_layers=32, n_kv_heads=1, head_dim=4096, bytes_per_element=2)
+    state_n16 = costs.linear_state_bytes(n_layers=32, n_heads=1, d_k=16, d_v=4096, bytes_per_element=2)
+    a, b = hy.fit_time_model(*PUBLISHED_THROUGHPUT)
+    qwen_all = hy.all_attention(qwen)
+    a_all, b_all = hy.all_attention_time_model(qwen, a, b)
+    return {
+        "ex-hy-kv-factor": dict(
+            value=hy.stack_kv_cache_bytes(qwen_all, 128_000) / hy.stack_kv_cache_bytes(qwen, 128_000),
+            tolerance=1e-9, relative=False, what="the factor by which the hybrid's KV cache is smaller"),
+        "ex-hy-crossover": dict(
+            value=costs.crossover_length(128, 128, 128), tolerance=1, relative=False,
+            what="the shortest sequence at which linear attention's core is cheaper (r = d = 128)"),
+        "ex-hy-128k-kv-gb": dict(
+            value=kv_128k / 1e9, tolerance=0.01, relative=True,
+            what="the KV cache at 128,000 tokens, in GB (1 GB = 1e9 bytes)"),
+        "ex-hy-128k-state-mb": dict(
+            value=state_n16 / 1e6, tolerance=0.01, relative=True,
+            what="the N = 16 state of all 32 layers, in MB (1 MB = 1e6 bytes)"),
+        "ex-hy-128k-ratio": dict(
+            value=kv_128k / state_n16, tolerance=0.01, relative=True,
+            what="how many times larger the KV cache is than the fixed state"),
+        "ex-hy-share-16k": dict(
+            value=hy.attention_time_share(a, b, 16_000), tolerance=0.005, relative=False,
+            what="the share of the time per token that grows with the context, at 16k"),
+        "ex-hy-predict-128k": dict(
+            value=hy.predicted_tokens_per_second(a, b, 128_000), tolerance=0.02, relative=True,
+            what="the predicted throughput of the hybrid at 128k tokens, in tokens/s"),
+        "ex-hy-all-attention-16k": dict(
+            value=hy.predicted_tokens_per_second(a_all, b_all, 16_000), tolerance=0.02, relative=True,
+            what="the predicted throughput of an all-attention model of the same shape at 16k"),
+    }
+
+
+ANSWERS = _answers()
+
+
+def check_answer(label: str, value) -> CheckResult:
+    """Compare a numeric answer with the stored one (computed by the package)."""
+    if label not in ANSWERS:
+        return failed(label, f"no numeric answer is stored under {label!r}; labels are "
+                             + ", ".join(sorted(ANSWERS)))
+    spec = ANSWERS[label]
+
+    def body():
+        if value is None or value is Ellipsis:
+            raise Failure("replace the `...` with your number")
+        compare_number(value, spec["value"], tolerance=spec["tolerance"], relative=spec["relative"],
+                       what=spec["what"])
+        return f"{spec['what']}: {float(value):.4g}"
+
+    return run_check(label, body)
+
+
+# ---------------------------------------------------------------------------
+# Coding exercise: the KV cache of a configuration
+# ---------------------------------------------------------------------------
+
+def _kv_cases():
+    qwen = hy.qwen35_9b_config()
+    small = hy.HybridConfig(n_layers=12, d_model=768, d_ff=2048, vocab_size=50_000,
+                            attention_layers=(2, 5, 11), n_heads=12, n_kv_heads=4, head_dim=64,
+                            n_linear_heads=12, n_linear_key_heads=6, linear_key_dim=64,
+                            linear_value_dim=64, bytes_per_element=4, name="small GQA stack")
+    return [(qwen, 16_000, "the Qwen3.5-9B-style configuration at 16,000 tokens"),
+            (small, 4096, "a 12-layer stack with attention in layers 2, 5 and 11, fp32, 4,096 tokens"),
+            (hy.all_linear(small), 4096, "the same stack with no attention layer, 4,096 tokens"),
+            (qwen, 0, "the Qwen3.5-9B-style configuration with an empty context")]
+
+
+def _kv_wrong_answers(config, n):
+    """Plausible wrong answers and what each one means."""
+    per_token = lambda layers, heads, factor, bpe: factor * n * layers * heads * config.head_dim * bpe
+    na, h, hkv, bpe = config.n_attention_layers, config.n_heads, config.n_kv_heads, config.bytes_per_element
+    return [
+        (per_token(config.n_layers, hkv, 2, bpe),
+         "it matches a KV cache in every layer: only the full-attention layers "
+         "(config.attention_layers) keep one; the linear layers keep a fixed state instead"),
+        (per_token(na, hkv, 1, bpe), "it is half the expected value: the cache stores a key AND a "
+                                     "value per token, per KV head, per layer (the factor 2)"),
+        (per_token(na, h, 2, bpe), "it counts the query heads (config.n_heads): the cache holds one key and "
+                                   "value per KV head (config.n_kv_heads), shared by a group of query heads"),
+        (per_token(na, hkv, 2, 1), "it counts stored numbers, not bytes: multiply by "
+                                   "config.bytes_per_element"),
+    ]
+
+
+def check_kv_cache_at(kv_cache_at) -> CheckResult:
+    """Check ``kv_cache_at(config, context_len) -> bytes`` against equation ``eq-hy-kv``."""
+
+    def body():
+        results = []
+        for config, n, case in _kv_cases():
+            got = call_student(kv_cache_at, config, n, case=case)
+            try:
+                value = float(got)
+            except (TypeError, ValueError):
+                raise Failure(f"on {case}: expected a number of bytes, got {type(got).__name__}") from None
+            results.append((config, n, case, value, float(hy.stack_kv_cache_bytes(config, n))))
+
+        def close(x, y):
+            return abs(x - y) <= 1e-9 * max(1.0, abs(y))
+
+        wrong = [r for r in results if not close(r[3], r[4])]
+        if not wrong:
+            return ("the KV cache is counted in the attention layers only, keys and values, "
+                    "per KV head, in bytes")
+        # a mistake is named only when it explains every case (the cases are chosen so
+        # that the mistakes give different numbers on at least one of them)
+        n_variants = len(_kv_wrong_answers(results[0][0], results[0][1]))
+        for i in range(n_variants):
+            meaning = _kv_wrong_answers(results[0][0], results[0][1])[i][1]
+            if all(close(value, _kv_wrong_answers(config, n)[i][0])
+                   for config, n, _, value, _ in results):
+                config, n, case, value, expected = wrong[0]
+                raise Failure(f"on {case}: got {value:.6g} bytes, expected {expected:.6g}; {meaning}")
+        config, n, case, value, expected = wrong[0]
+        raise Failure(f"on {case}: expected {expected:.6g} bytes, got {value:.6g}")
+
+    return run_check("ex-hy-kv-cache", body)
+
+
+# ---------------------------------------------------------------------------
+# Coding exercise: the two-point time model
+# ---------------------------------------------------------------------------
+
+def _time_cases():
+    return [(PUBLISHED_THROUGHPUT, "the published points (2,500 tokens: 224 tok/s; 16,000: 199 tok/s)"),
+            (((16000, 2500), (199.0, 224.0)), "the same two points in the other order"),
+            (((1000, 9000), (50.0, 40.0)), "1,000 tokens: 50 tok/s; 9,000 tokens: 40 tok/s")]
+
+
+def check_fit_time_model(fit_time_model) -> CheckResult:
+    """Check ``fit_time_model(context_lengths, tokens_per_second) -> (a, b)`` (``eq-hy-time-model``)."""
+
+    def body():
+        for (lengths, rates), case in _time_cases():
+            got = call_student(fit_time_model, list(lengths), list(rates), case=case)
+            try:
+                a, b = (float(x) for x in got)
+            except (TypeError, ValueError):
+                raise Failure(f"on {case}: expected a pair (a, b) of numbers, got {got!r}") from None
+            ea, eb = hy.fit_time_model(lengths, rates)
+            if np.isclose(a, ea, rtol=1e-9, atol=0) and np.isclose(b, eb, rtol=1e-9, atol=0):
+                continue
+            (l1, l2), (r1, r2) = lengths, rates
+            slope_rate = (r2 - r1) / (l2 - l1)
+            if np.isclose(b, slope_rate, rtol=1e-9) and np.isclose(a, r1 - slope_rate * l1, rtol=1e-9):
+                raise Failure(f"on {case}: you fitted a line to the throughput (tokens/s); the model is "
+                              "linear in the time per token, t = 1 / throughput")
+            if np.isclose(a, eb, rtol=1e-9) and np.isclose(b, ea, rtol=1e-9):
+                raise Failure(f"on {case}: the two numbers are swapped: return (a, b), the fixed "
+                              "time first, then the time per token of context")
+            if np.isclose(a, 1000 * ea, rtol=1e-9) and np.isclose(b, 1000 * eb, rtol=1e-9):
+                raise Failure(f"on {case}: the values are in milliseconds; return seconds")
+            if np.isclose(a, ea + eb * l1, rtol=1e-6) and not np.isclose(eb * l1, 0):
+                raise Failure(f"on {case}: a is the time at the first length; a is the time at "
+                              "context length 0, a = t_1 - b L_1")
+            raise Failure(f"on {case}: expected a = {ea:.6g} s and b = {eb:.6g} s per token of "
+                          f"context, got a = {a:.6g}, b = {b:.6g}")
+        return "t(L) = a + b L goes through both measured times per token"
+
+    return run_check("ex-hy-fit-time", body)

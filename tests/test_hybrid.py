@@ -1,0 +1,292 @@
+"""Tests for fixedstate.hybrid: the cost model of a hybrid stack and the toy numpy stack."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fixedstate import hybrid as hy
+
+FAST = settings(max_examples=40, deadline=None)
+
+
+def small_config(**overrides):
+    base = dict(n_layers=8, d_model=64, d_ff=128, vocab_size=1000,
+                attention_layers=hy.every_nth_layer(8, 4), n_heads=4, n_kv_heads=2, head_dim=16,
+                n_linear_heads=4, n_linear_key_heads=2, linear_key_dim=16, linear_value_dim=16)
+    base.update(overrides)
+    return hy.HybridConfig(**base)
+
+
+# --- the Qwen3.5-9B-style estimate of the source -----------------------------------------
+
+# Published in the source (chumba2026beyond): parameters by component and the vocabulary.
+PUBLISHED = {"mlp": 4.832e9, "linear_attention": 1.617e9, "full_attention": 0.470e9}
+VOCAB, HIDDEN = 248_320, 4096
+
+
+def test_flops_from_published_parameter_counts_reproduce_13_8_to_15_9_gflop():
+    low = hy.flops_from_parameter_counts(**PUBLISHED)
+    high = hy.flops_from_parameter_counts(**PUBLISHED, vocab_projection=VOCAB * HIDDEN)
+    # independent arithmetic: two FLOPs per parameter, the vocabulary projection added on top
+    assert low == pytest.approx(2 * (4.832 + 1.617 + 0.470) * 1e9, rel=1e-12)
+    assert high == pytest.approx(low + 2 * 248_320 * 4096, rel=1e-12)
+    assert round(low / 1e9, 1) == 13.8
+    assert round(high / 1e9, 1) == 15.9
+
+
+def test_qwen_configuration_reproduces_published_parameter_counts_and_flops():
+    c = hy.qwen35_9b_config()
+    assert (c.n_layers, c.d_model, c.d_ff, c.vocab_size) == (32, 4096, 12288, 248_320)
+    assert c.attention_layers == tuple(range(3, 32, 4)) and c.n_linear_layers == 24
+    p = hy.parameter_counts(c)
+    # MLP: 32 layers of three 4096 x 12288 SwiGLU matrices, computed here independently
+    assert p["mlp"] == 32 * 3 * 4096 * 12288
+    for key, published in PUBLISHED.items():
+        assert round(p[key] / 1e9, 3) == pytest.approx(published / 1e9, abs=1e-12), key
+    low = hy.prefill_flops_per_token(c, include_output_projection=False)
+    high = hy.prefill_flops_per_token(c)
+    assert 13.8e9 <= low < 13.85e9
+    assert 15.85e9 <= high < 15.9e9
+    assert high - low == 2 * VOCAB * HIDDEN
+
+
+def test_parameters_per_layer_match_the_arrays_of_a_toy_stack():
+    d, h, ff = 24, 3, 40
+    params = hy.init_stack(4, d, h, (1,), d_ff=ff)
+    c = hy.HybridConfig(n_layers=4, d_model=d, d_ff=ff, vocab_size=10, attention_layers=(1,),
+                        n_heads=h, n_kv_heads=h, head_dim=d // h, n_linear_heads=h,
+                        n_linear_key_heads=h, linear_key_dim=d // h, linear_value_dim=d // h,
+                        mlp_matrices=2)
+    per = hy.parameters_per_layer(c)
+
+    def size(layer, names):
+        return sum(layer[n].size for n in names)
+
+    mixer = ["W_q", "W_k", "W_v", "W_o"]
+    assert per["full_attention"] == size(params["layers"][1], mixer)
+    assert per["linear_attention"] == size(params["layers"][0], mixer + ["W_beta", "W_gate"])
+    assert per["mlp"] == size(params["layers"][0], ["W_1", "W_2"])
+
+
+def test_output_gates_add_one_query_or_value_projection():
+    plain = small_config()
+    gated = small_config(attention_output_gate=True, linear_output_gate=True)
+    a, b = hy.parameters_per_layer(plain), hy.parameters_per_layer(gated)
+    assert b["full_attention"] - a["full_attention"] == 64 * 4 * 16
+    assert b["linear_attention"] - a["linear_attention"] == 64 * 4 * 16
+
+
+# --- memory against context length --------------------------------------------------------
+
+@FAST
+@given(contexts=st.lists(st.integers(0, 2_000_000), min_size=1, max_size=6),
+       n_kv=st.sampled_from([1, 2, 4, 8]), head_dim=st.sampled_from([64, 128, 256]),
+       bpe=st.sampled_from([0.5, 1, 2, 4]))
+def test_every_fourth_layer_attention_gives_a_kv_cache_four_times_smaller(contexts, n_kv, head_dim, bpe):
+    c = hy.HybridConfig(n_layers=32, d_model=4096, d_ff=8192, vocab_size=32000,
+                        attention_layers=hy.every_nth_layer(32, 4), n_heads=32, n_kv_heads=n_kv,
+                        head_dim=head_dim, n_linear_heads=32, n_linear_key_heads=16,
+                        linear_key_dim=128, linear_value_dim=128, bytes_per_element=bpe)
+    lengths = np.array(contexts)
+    hybrid = hy.stack_kv_cache_bytes(c, lengths)
+    full = hy.stack_kv_cache_bytes(hy.all_attention(c), lengths)
+    np.testing.assert_array_equal(np.asarray(full), 4 * np.asarray(hybrid))
+    # and the absolute size, from the definition: K and V per token, per KV head, per layer
+    np.testing.assert_allclose(hybrid, 2 * lengths * 8 * n_kv * head_dim * bpe, rtol=1e-15)
+
+
+@FAST
+@given(contexts=st.lists(st.integers(0, 10**6), min_size=2, max_size=5))
+def test_fixed_state_does_not_depend_on_context_and_all_linear_has_no_kv_cache(contexts):
+    c = hy.qwen35_9b_config()
+    lengths = np.array(contexts)
+    lin = hy.all_linear(c)
+    np.testing.assert_array_equal(hy.stack_kv_cache_bytes(lin, lengths), 0)
+    assert hy.stack_state_bytes(hy.all_attention(c)) == 0
+    # 24 linear layers, 32 value heads, 128 x 128 state, 2 bytes
+    assert hy.stack_state_bytes(c) == 24 * 32 * 128 * 128 * 2
+    assert hy.stack_state_bytes(lin) == 32 * 32 * 128 * 128 * 2
+    # decode FLOPs of an all-linear stack are the same at every context length
+    flops = hy.decode_flops_per_token(lin, lengths)
+    np.testing.assert_array_equal(flops, flops[0])
+
+
+def test_toy_stack_state_stays_fixed_while_kv_cache_grows():
+    params = hy.init_stack(4, 16, 2, (3,), d_ff=0)
+    x = np.random.default_rng(0).standard_normal((9, 16))
+    _, cache5 = hy.stack_decode(params, x[:5])
+    _, cache9 = hy.stack_decode(params, x)
+    for layer, c5, c9 in zip(params["layers"], cache5, cache9):
+        if layer["kind"] == "linear":
+            assert c5.shape == c9.shape == (2, 8, 8)
+        else:
+            assert c5["length"] == 5 and c9["length"] == 9
+            assert c9["keys"].shape[0] == c9["values"].shape[0] == 2
+
+
+@FAST
+@given(l1=st.integers(0, 10**5), extra=st.integers(1, 10**5))
+def test_decode_flops_grow_only_through_the_attention_layers(l1, extra):
+    c = small_config()
+    l2 = l1 + extra
+    growth = hy.decode_flops_per_token(c, l2) - hy.decode_flops_per_token(c, l1)
+    # 2 attention layers x 4 query heads x (2 extra * (d_k + d_v)) FLOPs per extra cached token
+    assert growth == pytest.approx(2 * 4 * 2 * extra * (16 + 16), rel=1e-12)
+    assert hy.decode_flops_per_token(c, 0, include_output_projection=False) > \
+        hy.prefill_flops_per_token(c, include_output_projection=False)
+
+
+# --- the two-point time model -------------------------------------------------------------
+
+@FAST
+@given(a=st.floats(1e-4, 1e-1), b=st.floats(1e-10, 1e-6),
+       l1=st.integers(100, 10**5), extra=st.integers(1, 10**5))
+def test_time_model_fit_recovers_the_line(a, b, l1, extra):
+    l2 = l1 + extra
+    rates = [1 / (a + b * l1), 1 / (a + b * l2)]
+    fa, fb = hy.fit_time_model([l1, l2], rates)
+    assert fa == pytest.approx(a, rel=1e-8)
+    assert fb == pytest.approx(b, rel=1e-6)
+    np.testing.assert_allclose(hy.predicted_tokens_per_second(fa, fb, np.array([l1, l2])), rates, rtol=1e-10)
+    share = hy.attention_time_share(fa, fb, l2)
+    assert share == pytest.approx(b * l2 / (a + b * l2), rel=1e-6)
+
+
+def test_time_model_on_the_published_throughput():
+    a, b = hy.fit_time_model([2500, 16000], [224, 199])
+    # slope and intercept from the two reciprocals, done by hand
+    slope = (1 / 199 - 1 / 224) / (16000 - 2500)
+    assert b == pytest.approx(slope, rel=1e-12)
+    assert a == pytest.approx(1 / 224 - 2500 * slope, rel=1e-12)
+    assert hy.predicted_tokens_per_second(a, b, 2500) == pytest.approx(224, rel=1e-12)
+    assert 0 < hy.attention_time_share(a, b, 2500) < hy.attention_time_share(a, b, 16000) < 1
+
+
+def test_all_attention_twin_scales_the_context_term_by_the_cache():
+    c = hy.qwen35_9b_config()
+    a, b = hy.fit_time_model([2500, 16000], [224, 199])
+    a_full, b_full = hy.all_attention_time_model(c, a, b)
+    assert b_full == pytest.approx(4 * b, rel=1e-12)
+    # weights per token: 32 attention layers in place of 24 linear ones (independent count)
+    per = hy.parameters_per_layer(c)
+    p = hy.parameter_counts(c)
+    ratio = (p["total"] - p["embedding"] + 24 * (per["full_attention"] - per["linear_attention"])) / \
+        (p["total"] - p["embedding"])
+    assert a_full == pytest.approx(a * ratio, rel=1e-12)
+    with pytest.raises(ValueError, match="config"):
+        hy.all_attention_time_model(hy.all_linear(c), a, b)
+
+
+# --- the toy stack: the decode step is the same computation as the forward pass --------------
+
+@settings(max_examples=15, deadline=None)
+@given(T=st.integers(1, 30), chunk=st.sampled_from([1, 4, 7, 16]), seed=st.integers(0, 10**6),
+       layout=st.sampled_from(["hybrid", "attention", "linear"]), d_ff=st.sampled_from([0, 24]))
+def test_decode_steps_equal_the_forward_pass(T, chunk, seed, layout, d_ff):
+    n_layers = 8
+    attn = {"hybrid": hy.every_nth_layer(n_layers, 4), "attention": range(n_layers), "linear": ()}[layout]
+    params = hy.init_stack(n_layers, 12, 2, attn, d_ff=d_ff, seed=seed)
+    x = np.random.default_rng(seed + 1).standard_normal((T, 12))
+    full = hy.stack_forward(params, x, chunk_size=chunk)
+    steps, _ = hy.stack_decode(params, x)
+    np.testing.assert_allclose(steps, full, rtol=1e-10, atol=1e-12)
+
+
+@settings(max_examples=20, deadline=None)
+@given(T=st.integers(1, 40), capacity=st.integers(1, 8), seed=st.integers(0, 10**6))
+def test_preallocated_kv_cache_is_the_softmax_decode_step(T, capacity, seed):
+    from fixedstate.softmax_attention import softmax_decode_step
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((T, 2, 5)) for _ in range(3))
+    entry = hy.init_decode_cache(hy.init_stack(1, 10, 2, (0,)), capacity=capacity)[0]
+    caches = [None, None]
+    for t in range(T):
+        got = hy.kv_cache_attend(entry, q[t], k[t], v[t], scale=0.3)
+        for j in range(2):
+            ref, caches[j] = softmax_decode_step(q[t, j], k[t, j], v[t, j], caches[j], scale=0.3)
+            np.testing.assert_allclose(got[j], ref, rtol=1e-12, atol=1e-14)
+    assert entry["length"] == T and entry["keys"].shape[1] >= T
+    with pytest.raises(ValueError, match="queries"):
+        hy.kv_cache_attend(entry, q[0, :1], k[0], v[0], scale=0.3)
+    with pytest.raises(ValueError, match="entry"):
+        hy.kv_cache_attend({"keys": 1}, q[0], k[0], v[0], scale=0.3)
+
+
+def test_decode_continues_a_prefix():
+    params = hy.init_stack(8, 16, 2, hy.every_nth_layer(8, 4), d_ff=16, seed=3)
+    x = np.random.default_rng(4).standard_normal((20, 16))
+    _, cache = hy.stack_decode(params, x[:12])
+    tail, _ = hy.stack_decode(params, x[12:], cache)
+    np.testing.assert_allclose(tail, hy.stack_forward(params, x)[12:], rtol=1e-10, atol=1e-12)
+
+
+def test_layers_really_differ_by_kind():
+    # the same weights with a different layout give a different output
+    x = np.random.default_rng(5).standard_normal((10, 16))
+    a = hy.stack_forward(hy.init_stack(4, 16, 2, (), seed=1), x)
+    b = hy.stack_forward(hy.init_stack(4, 16, 2, range(4), seed=1), x)
+    assert np.abs(a - b).max() > 1e-3
+
+
+def test_measure_decode_seconds_shape_and_sign():
+    params = hy.init_stack(2, 8, 2, (1,))
+    t = hy.measure_decode_seconds(params, [0, 64], n_steps=2)
+    assert t.shape == (2,) and np.all(t > 0) and np.all(np.isfinite(t))
+    cache = hy.synthetic_cache(params, 64)
+    assert cache[1]["length"] == 64 and cache[1]["keys"].shape[2] == 4 and cache[0].shape == (2, 4, 4)
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout, match", [((3, 8), "outside the stack"), ((-1,), "outside the stack"),
+                                           ((1, 1), "at most once"), ((1.5,), "integer"),
+                                           ("03", "sequence")])
+def test_bad_layout_is_refused(layout, match):
+    with pytest.raises(ValueError, match="attention_layers") as info:
+        small_config(attention_layers=layout)
+    assert match in str(info.value)
+    with pytest.raises(ValueError, match="attention_layers"):
+        hy.init_stack(8, 16, 2, layout)
+
+
+@pytest.mark.parametrize("field", ["n_layers", "d_model", "d_ff", "vocab_size", "n_heads", "head_dim",
+                                   "linear_key_dim", "n_linear_heads"])
+@pytest.mark.parametrize("value", [0, -3, 2.5])
+def test_non_positive_sizes_are_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        small_config(**{field: value})
+
+
+def test_head_counts_must_divide():
+    with pytest.raises(ValueError, match="n_heads"):
+        hy.init_stack(4, 10, 3, ())
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        small_config(n_kv_heads=3)
+    with pytest.raises(ValueError, match="n_linear_key_heads"):
+        small_config(n_linear_key_heads=3)
+    with pytest.raises(ValueError, match="n_layers"):
+        hy.init_stack(0, 16, 2, ())
+    with pytest.raises(ValueError, match="d_model"):
+        hy.init_stack(4, 0, 2, ())
+
+
+def test_other_bad_input():
+    with pytest.raises(ValueError, match="bytes_per_element"):
+        small_config(bytes_per_element=0)
+    with pytest.raises(ValueError, match="context_lengths"):
+        hy.fit_time_model([100, 100], [5, 4])
+    with pytest.raises(ValueError, match="tokens_per_second"):
+        hy.fit_time_model([100, 200], [5, -4])
+    with pytest.raises(ValueError, match="config"):
+        hy.parameter_counts({"n_layers": 2})
+    with pytest.raises(ValueError, match="mlp"):
+        hy.flops_from_parameter_counts(-1, 0, 0)
+    with pytest.raises(ValueError, match="inputs"):
+        hy.stack_forward(hy.init_stack(2, 8, 2, ()), np.zeros((3, 7)))
+    with pytest.raises(ValueError, match="every_nth|n"):
+        hy.every_nth_layer(32, 0)
+    frozen = small_config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        frozen.n_layers = 3
