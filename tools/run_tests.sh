@@ -5,6 +5,7 @@ set -u
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 failed=()
+passed=0
 part() {
   local name=$1; shift
   echo
@@ -12,6 +13,7 @@ part() {
   local t0=$SECONDS
   if "$@"; then
     echo "=== $name: ok ($((SECONDS - t0)) s)"
+    passed=$((passed + 1))
   else
     echo "=== $name: FAILED ($((SECONDS - t0)) s)"
     failed+=("$name")
@@ -39,7 +41,9 @@ part "built site: student-edition leak test and browser test" $BIN/python -m pyt
 echo
 if [ ${#failed[@]} -eq 0 ]; then
   echo "make test: every part passed"
-  exit 0
+else
+  echo "make test: FAILED parts: ${failed[*]}"
 fi
-echo "make test: FAILED parts: ${failed[*]}"
-exit 1
+# The closing line counts the parts of the suite.
+echo "parts: $passed passed, ${#failed[@]} failed"
+[ ${#failed[@]} -eq 0 ]
