@@ -71,15 +71,29 @@ def open_page(browser, path):
     page = context.new_page()
     log = PageLog(page)
     page.goto(path.as_uri(), wait_until="load")
-    page.wait_for_function("() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)",
-                           timeout=20_000)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(
+            "() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)",
+            timeout=20_000)
+    except PlaywrightTimeout:
+        context.close()
+        pytest.fail(f"MathJax did not start within 20 s; requests to other hosts: {log.foreign[:3]}; "
+                    f"failed requests: {log.failed[:3]}; console errors: {log.errors[:3]}")
     page.evaluate("() => window.MathJax ? window.MathJax.startup.promise.then(() => true) : true")
     n_widget_views = page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count()
     if n_widget_views:
-        page.wait_for_function(
-            "(n) => document.querySelectorAll('.jupyter-widgets.widget-container, "
-            ".jupyter-widgets.widget-inline-hbox, .jupyter-widgets.widget-image, .widget-vbox').length >= 1",
-            arg=n_widget_views, timeout=20_000)
+        try:
+            page.wait_for_function(
+                "() => document.querySelectorAll('.jupyter-widgets.widget-container, "
+                ".jupyter-widgets.widget-inline-hbox, .jupyter-widgets.widget-image, .widget-vbox').length >= 1",
+                timeout=20_000)
+        except PlaywrightTimeout:
+            context.close()
+            pytest.fail(f"the page's {n_widget_views} widgets did not render within 20 s; "
+                        f"requests to other hosts: {log.foreign[:3]}; failed requests: {log.failed[:3]}; "
+                        f"console errors: {log.errors[:3]}")
         page.wait_for_timeout(300)
     return context, page, log
 
