@@ -114,3 +114,67 @@ def run_check(exercise: str, body: Callable[[], str]) -> CheckResult:
 
 
 __all__.append("run_check")
+
+
+def _shown(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:.6g}"
+
+
+def check_numeric(label: str, value, answers) -> CheckResult:
+    """Check a numeric answer against ``answers[label]``, a dict with the keys
+
+    ``value`` (a number or an array, computed by the package, never typed in),
+    ``tolerance``, and optionally ``relative`` (default False), ``what`` (what the
+    number is), ``unit`` and ``hints`` (pairs ``(wrong value, hint)`` for the
+    common slips, reported when the answer matches one of them).
+
+    A wrong number is reported as too high or too low and by how much, without
+    giving the answer away. Labels may name a part of an exercise after a slash
+    (``"ex-la-crossover/causal"``); the result is reported under the exercise.
+    """
+    exercise = label.split("/")[0]
+    if label not in answers:
+        return failed(exercise, f"no numeric answer is stored under {label!r}; labels are "
+                                + ", ".join(sorted(answers)))
+    spec = answers[label]
+    expected = spec["value"]
+    tol = float(spec["tolerance"])
+    relative = bool(spec.get("relative", False))
+    what = spec.get("what", label)
+    unit = f" {spec['unit']}" if spec.get("unit") else ""
+
+    def body() -> str:
+        if value is None or value is Ellipsis:
+            raise Failure(f"{what}: no answer yet: replace the `...` with your number")
+        if np.ndim(expected) > 0:
+            got = np.asarray(value, dtype=float) if not isinstance(value, str) else None
+            if got is None or got.shape != np.shape(expected):
+                raise Failure(f"{what}: expected an array of shape {np.shape(expected)}, got {value!r}")
+            err = np.abs(got - np.asarray(expected, dtype=float))
+            allowed = tol * np.abs(expected) if relative else tol
+            if np.any(err > allowed):
+                i = int(np.argmax(err - allowed))
+                raise Failure(f"{what}: entry {i} is {got.ravel()[i]:.6g}, off by {err.ravel()[i]:.3g} "
+                              f"(tolerance {tol:g}{' relative' if relative else ''})")
+            return f"{what}: {np.round(got, 6).tolist()}{unit} is right (within {tol:g})"
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise Failure(f"{what}: expected a number, got {value!r}") from None
+        miss = number - float(expected)
+        allowed = tol * abs(float(expected)) if relative else tol
+        if not abs(miss) <= allowed:
+            for wrong, hint in spec.get("hints", ()):
+                if not np.isclose(wrong, expected) and np.isclose(number, wrong, rtol=max(tol, 1e-9)):
+                    raise Failure(f"{what}: {_shown(number)}{unit} is not right: {hint}")
+            size = (f"{abs(miss) / abs(float(expected)):.1%}" if float(expected) != 0
+                    else f"{abs(miss):.3g}")
+            raise Failure(f"{what}: {_shown(number)}{unit} is too {'high' if miss > 0 else 'low'} by {size} "
+                          f"(the tolerance is {tol:g}{' relative' if relative else ''})")
+        return (f"{what}: {_shown(number)}{unit} is right "
+                f"(within {tol:g}{' relative' if relative else ''})")
+
+    return run_check(exercise, body)
+
+
+__all__.append("check_numeric")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import delta_rule as dr
-from ._core import CheckResult, Failure, call_student, compare_arrays, compare_number, failed, run_check
+from ._core import check_numeric, CheckResult, Failure, call_student, compare_arrays, compare_number, failed, run_check
 
 __all__ = ["check_delta_step", "check_gated_delta_step", "check_exact_beta", "check_answer", "ANSWERS",
            "HALVING_SETUP", "BY_HAND_SETUP"]
@@ -52,29 +52,18 @@ def _by_hand_recall():
     return new.T @ s["key"]
 
 
-#: label -> (answer, absolute tolerance, what the number is)
+#: label -> the answer (computed by the package), its absolute tolerance and what it is
 ANSWERS = {
-    "ex-dr-halving": (_halving_error(), 1e-6, "the recall error |v - S_3^T k| after three writes"),
-    "ex-dr-gated-by-hand": (_by_hand_recall(), 1e-6, "the recall S_t^T k after the gated step"),
+    "ex-dr-halving": dict(value=_halving_error(), tolerance=1e-6,
+                          what="the recall error |v - S_3^T k| after three writes"),
+    "ex-dr-gated-by-hand": dict(value=_by_hand_recall(), tolerance=1e-6,
+                                what="the recall S_t^T k after the gated step"),
 }
 
 
 def check_answer(label: str, value) -> CheckResult:
-    """Check a numeric answer (a number or a small vector) against the stored one."""
-    if label not in ANSWERS:
-        return failed(label, f"no stored answer for {label!r}; labels: {sorted(ANSWERS)}")
-    expected, tol, what = ANSWERS[label]
-
-    def body():
-        if value is None or value is Ellipsis:
-            raise Failure("replace the `...` with your answer")
-        if np.ndim(expected) == 0:
-            compare_number(value, float(expected), tolerance=tol, what=what)
-        else:
-            compare_arrays(value, expected, what=what, case="the exercise's numbers", rtol=0, atol=tol)
-        return f"correct: {what} is {np.round(expected, 6).tolist()}"
-
-    return run_check(label, body)
+    """Check a numeric answer against :data:`ANSWERS` (computed by the package) within its tolerance."""
+    return check_numeric(label, value, ANSWERS)
 
 
 # --------------------------------------------------------------------------- cases

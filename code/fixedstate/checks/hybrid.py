@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import costs
 from .. import hybrid as hy
-from ._core import CheckResult, Failure, call_student, compare_number, failed, run_check
+from ._core import check_numeric, CheckResult, Failure, call_student, compare_number, failed, run_check
 
 __all__ = ["ANSWERS", "check_answer", "check_kv_cache_at", "check_fit_time_model",
            "PUBLISHED_THROUGHPUT"]
@@ -64,20 +64,8 @@ ANSWERS = _answers()
 
 
 def check_answer(label: str, value) -> CheckResult:
-    """Compare a numeric answer with the stored one (computed by the package)."""
-    if label not in ANSWERS:
-        return failed(label, f"no numeric answer is stored under {label!r}; labels are "
-                             + ", ".join(sorted(ANSWERS)))
-    spec = ANSWERS[label]
-
-    def body():
-        if value is None or value is Ellipsis:
-            raise Failure("replace the `...` with your number")
-        compare_number(value, spec["value"], tolerance=spec["tolerance"], relative=spec["relative"],
-                       what=spec["what"])
-        return f"{spec['what']}: {float(value):.4g}"
-
-    return run_check(label, body)
+    """Check a numeric answer against :data:`ANSWERS` (computed by the package) within its tolerance."""
+    return check_numeric(label, value, ANSWERS)
 
 
 # ---------------------------------------------------------------------------

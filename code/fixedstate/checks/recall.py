@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import recall as rc
-from ._core import CheckResult, Failure, call_student, compare_arrays, compare_number, failed, run_check
+from ._core import check_numeric, CheckResult, Failure, call_student, compare_arrays, compare_number, failed, run_check
 
 __all__ = ["ANSWERS", "check_answer", "check_recall_accuracy", "check_predicted_crosstalk",
            "largest_exact_n", "two_key_errors", "CROSSTALK_OVERLAP"]
@@ -77,20 +77,8 @@ ANSWERS = _answers()
 
 
 def check_answer(label: str, value) -> CheckResult:
-    """Compare a numeric answer with the stored one (computed by the package)."""
-    if label not in ANSWERS:
-        return failed(label, f"no numeric answer is stored under {label!r}; labels are "
-                             + ", ".join(sorted(ANSWERS)))
-    spec = ANSWERS[label]
-
-    def body():
-        if value is None or value is Ellipsis:
-            raise Failure("replace the `...` with your number")
-        compare_number(value, spec["value"], tolerance=spec["tolerance"], relative=spec["relative"],
-                       what=spec["what"])
-        return f"{spec['what']}: {float(value):.6g}"
-
-    return run_check(label, body)
+    """Check a numeric answer against :data:`ANSWERS` (computed by the package) within its tolerance."""
+    return check_numeric(label, value, ANSWERS)
 
 
 # ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import scipy.linalg
 
 from .. import costs
 from .. import ssm
-from ._core import (CheckResult, Failure, call_student, compare_arrays, compare_number, failed,
+from ._core import (CheckResult, check_numeric, Failure, call_student, compare_arrays, compare_number, failed,
                     run_check)
 
 __all__ = ["ANSWERS", "check_answer", "check_discretize_zoh", "check_ssm_kernel",
@@ -69,20 +69,8 @@ ANSWERS = _answers()
 
 
 def check_answer(label: str, value) -> CheckResult:
-    """Compare a numeric answer with the stored one (computed by the package)."""
-    if label not in ANSWERS:
-        return failed(label, f"no numeric answer is stored under {label!r}; labels are "
-                             + ", ".join(sorted(ANSWERS)))
-    spec = ANSWERS[label]
-
-    def body():
-        if value is None or value is Ellipsis:
-            raise Failure("replace the `...` with your number")
-        compare_number(value, spec["value"], tolerance=spec["tolerance"], relative=spec["relative"],
-                       what=spec["what"])
-        return f"{spec['what']}: {float(value):.4g}"
-
-    return run_check(label, body)
+    """Check a numeric answer against :data:`ANSWERS` (computed by the package) within its tolerance."""
+    return check_numeric(label, value, ANSWERS)
 
 
 # ---------------------------------------------------------------------------
