@@ -181,3 +181,29 @@ def test_notebooks_are_executed_cleanly_and_stored_without_errors(nb):
             assert out["output_type"] != "error", f"{nb.name} stores an error output"
             if out["output_type"] == "stream" and out["name"] == "stderr":
                 pytest.fail(f"{nb.name} stores stderr output: {''.join(out['text'])[:200]}")
+
+
+CHAPTER_FURNITURE = ["What you will be able to do", "What this builds on", "Key equations",
+                     "Retrieval questions", "Teaching notes"]
+
+
+@pytest.mark.parametrize("nb", notebooks("chapters"), ids=lambda p: p.name)
+def test_every_chapter_has_its_furniture_and_describes_every_figure_in_words(nb):
+    all_cells = cells(nb)
+    first = source(all_cells[0])
+    assert re.match(r"\(chap-[a-z-]+\)=\s*\n# ", first), f"{nb.name} does not open with a chapter label and title"
+    markdown = "\n".join(source(c) for c in all_cells if c["cell_type"] == "markdown").lower()
+    for heading in CHAPTER_FURNITURE:
+        assert heading.lower() in markdown, f"{nb.name} has no '{heading}' section"
+    assert "{dropdown}" in markdown or ":class: dropdown" in markdown, \
+        f"{nb.name}: retrieval answers belong in dropdown toggles"
+    for i, cell in enumerate(all_cells):
+        if cell["cell_type"] != "code":
+            continue
+        is_figure = (any("image/png" in out.get("data", {}) for out in cell.get("outputs", []))
+                     or "interactive_figure(" in source(cell))
+        if not is_figure:
+            continue
+        following = [source(c) for c in all_cells[i + 1:i + 4] if c["cell_type"] == "markdown"]
+        assert any("**In words.**" in text for text in following), \
+            f"{nb.name}, code cell {i}: a figure without an '**In words.**' description after it"
