@@ -207,3 +207,25 @@ def test_every_chapter_has_its_furniture_and_describes_every_figure_in_words(nb)
         following = [source(c) for c in all_cells[i + 1:i + 4] if c["cell_type"] == "markdown"]
         assert any("**In words.**" in text for text in following), \
             f"{nb.name}, code cell {i}: a figure without an '**In words.**' description after it"
+
+
+def _stored_text(nb):
+    texts = []
+    for cell in cells(nb):
+        for out in cell.get("outputs", []):
+            if out["output_type"] == "stream":
+                texts.append("".join(out["text"]))
+            elif "text/plain" in out.get("data", {}):
+                texts.append("".join(out["data"]["text/plain"]))
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize("nb", notebooks("solutions"), ids=lambda p: p.name)
+def test_every_worked_solution_passes_its_check_and_every_starter_does_not(nb):
+    solved = _stored_text(nb)
+    assert "NOT YET" not in solved, f"solutions/{nb.name}: a worked solution fails its check"
+    assert "PASSED" in solved, f"solutions/{nb.name} runs no check"
+    starter = _stored_text(ROOT / "exercises" / nb.name)
+    assert "PASSED" not in starter, f"exercises/{nb.name}: a starter already passes its check"
+    assert starter.count("NOT YET") == solved.count("PASSED"), \
+        f"exercises/{nb.name}: every check the solutions pass should stand unfinished in the starter"
