@@ -59,7 +59,7 @@ def test_student_toc_drops_exactly_the_solutions_and_the_instructor_part():
         f for f in toc_files(toc) if f.startswith("solutions/") or f == "appendix/instructors"}
 
 
-LABEL = re.compile(r"```\{exercise-start\}\s*\n:label:\s*(\S+)")
+LABEL = re.compile(r"```\{exercise-start\}[^\n]*\n:label:\s*(\S+)")
 SOL = re.compile(r"```\{solution-start\}\s+(\S+)")
 
 
