@@ -17,6 +17,7 @@ __all__ = [
     "check_interval",
     "check_same_length",
     "check_dim",
+    "as_token_sequences",
 ]
 
 
@@ -101,3 +102,20 @@ def check_dim(arr: np.ndarray, name: str, axis: int, expected: int, what: str) -
     if arr.shape[axis] != expected:
         raise ValueError(f"{name}: expected size {expected} along axis {axis} ({what}), "
                          f"got shape {arr.shape}")
+
+
+def as_token_sequences(queries, keys, values, *, min_length: int = 1):
+    """Validate the three sequences of an attention-like layer; return them as float arrays.
+
+    ``queries`` and ``keys`` are ``(T, d_k)``, ``values`` is ``(T, d_v)``, one token
+    per row, with at least ``min_length`` tokens.
+    """
+    q = as_float_array(queries, "queries", ndim=2)
+    k = as_float_array(keys, "keys", ndim=2)
+    v = as_float_array(values, "values", ndim=2)
+    if q.shape[0] < min_length:
+        raise ValueError(f"queries: expected at least {min_length} token(s), got shape {q.shape}")
+    check_same_length("queries", q, "keys", k)
+    check_same_length("queries", q, "values", v)
+    check_dim(k, "keys", 1, q.shape[1], "d_k, the width of queries")
+    return q, k, v

@@ -45,7 +45,7 @@ import time
 import numpy as np
 from scipy.linalg import solve_triangular
 
-from ._validate import as_float_array, check_dim, check_interval, check_positive_int, check_same_length
+from ._validate import as_float_array, as_token_sequences, check_interval, check_positive_int, check_same_length
 
 __all__ = [
     "delta_rule_step", "gated_delta_rule_step", "kda_step",
@@ -83,12 +83,7 @@ def _check_step(state, query, key, value, beta, scale):
 
 
 def _check_sequence(queries, keys, values, betas, initial_state, scale):
-    queries = as_float_array(queries, "queries", ndim=2)
-    keys = as_float_array(keys, "keys", ndim=2)
-    values = as_float_array(values, "values", ndim=2)
-    check_same_length("queries", queries, "keys", keys)
-    check_dim(keys, "keys", 1, queries.shape[1], "d_k, the width of queries")
-    check_same_length("queries", queries, "values", values)
+    queries, keys, values = as_token_sequences(queries, keys, values, min_length=0)
     T, d_k = keys.shape
     d_v = values.shape[1]
     betas = as_float_array(betas, "betas", ndim=1)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, check_dim, check_positive_int, check_same_length
+from ._validate import as_float_array, as_token_sequences, check_dim, check_positive_int, check_same_length
 
 __all__ = [
     "elu_plus_one",
@@ -91,14 +91,7 @@ def _check_flags(normalize, eps) -> float:
 
 def _prepare(queries, keys, values, feature_map, normalize, initial_state, initial_normalizer, eps):
     eps = _check_flags(normalize, eps)
-    q = as_float_array(queries, "queries", ndim=2)
-    k = as_float_array(keys, "keys", ndim=2)
-    v = as_float_array(values, "values", ndim=2)
-    if q.shape[0] < 1:
-        raise ValueError(f"queries: expected at least one token, got shape {q.shape}")
-    check_same_length("queries", q, "keys", k)
-    check_same_length("queries", q, "values", v)
-    check_dim(k, "keys", 1, q.shape[1], "d_k, the width of queries")
+    q, k, v = as_token_sequences(queries, keys, values)
     phi_q = _apply_feature_map(feature_map, q, "queries", normalize)
     phi_k = _apply_feature_map(feature_map, k, "keys", normalize)
     r = phi_k.shape[1]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, check_dim, check_same_length
+from ._validate import as_float_array, as_token_sequences, check_dim, check_same_length
 
 __all__ = [
     "softmax_attention",
@@ -37,14 +37,7 @@ def _scale(scale, d_k: int) -> float:
 
 
 def _sequences(queries, keys, values):
-    q = as_float_array(queries, "queries", ndim=2)
-    k = as_float_array(keys, "keys", ndim=2)
-    v = as_float_array(values, "values", ndim=2)
-    if q.shape[0] < 1:
-        raise ValueError(f"queries: expected at least one token, got shape {q.shape}")
-    check_same_length("queries", q, "keys", k)
-    check_same_length("queries", q, "values", v)
-    check_dim(k, "keys", 1, q.shape[1], "d_k, the width of queries")
+    q, k, v = as_token_sequences(queries, keys, values)
     dtype = np.result_type(q, k, v)
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
 
