@@ -58,8 +58,9 @@ nbval: $(STAMP)
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider \
 	  chapters exercises solutions
 
+# As root (a container, a CI machine) Jupyter refuses to start without --allow-root.
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=$(CURDIR)
+	$(BIN)/jupyter lab --notebook-dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 execute: $(STAMP)
 	@for nb in $(NOTEBOOKS); do \
