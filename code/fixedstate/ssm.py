@@ -164,6 +164,16 @@ def discretize_mamba(A, B, delta):
 # ---------------------------------------------------------------------------
 # LTI: recurrence, kernel, convolution
 
+def _skip(D, channels: int) -> np.ndarray:
+    """The skip term D of ``y = C h + D x``: None (zero), a scalar, or one value per channel."""
+    if D is None:
+        return np.zeros(channels)
+    Dd = as_float_array(D, "D", ndim=(0, 1))
+    Dd = np.broadcast_to(Dd, (channels,)) if Dd.ndim == 0 else Dd
+    check_dim(Dd, "D", 0, channels, "the number of channels of x")
+    return Dd
+
+
 def _lti_args(A_bar, B_bar, C, x, D):
     """Validate an LTI system; return arrays with a leading channel axis and a flag for SISO."""
     xs = as_float_array(x, "x", ndim=(1, 2))
@@ -189,12 +199,7 @@ def _lti_args(A_bar, B_bar, C, x, D):
         Cc = as_float_array(C, "C", shape=(h, n))
         xs2 = xs
     h = xs2.shape[1]
-    if D is None:
-        Dd = np.zeros(h)
-    else:
-        Dd = as_float_array(D, "D", ndim=(0, 1))
-        Dd = np.broadcast_to(Dd, (h,)) if Dd.ndim == 0 else Dd
-        check_dim(Dd, "D", 0, h, "the number of channels of x")
+    Dd = _skip(D, h)
     return Ab, Bb, Cc, xs2, Dd, siso
 
 
@@ -396,12 +401,7 @@ def _selective_args(x, delta, A, B, C, D, initial_state):
     Cc = as_float_array(C, "C", ndim=2)
     check_same_length("x", xs, "C", Cc)
     check_dim(Cc, "C", 1, n, "N, the state size, from A")
-    if D is None:
-        Dd = np.zeros(d)
-    else:
-        Dd = as_float_array(D, "D", ndim=(0, 1))
-        Dd = np.broadcast_to(Dd, (d,)) if Dd.ndim == 0 else Dd
-        check_dim(Dd, "D", 0, d, "d, the number of channels of x")
+    Dd = _skip(D, d)
     if initial_state is None:
         h0 = np.zeros((d, n))
     else:
