@@ -1,0 +1,117 @@
+"""Numbers for the prose: glue a computed value at the precision the text shows.
+
+The chapters never type a computed number into their prose. A cell computes it
+and hands it to the text with myst-nb's ``glue``; the markdown then shows it
+with a format, ``{glue:text}`name:.3f```. The stored notebook keeps the glued
+value, and the test suite re-executes every notebook and compares. A value
+glued with all 17 of its digits makes that comparison depend on the last bits
+of whichever BLAS kernel ran, so the two functions here glue only what the
+text can show:
+
+- :func:`glue_number` rounds the value to exactly what its format displays;
+- :func:`glue_bound` glues a bound for an error at rounding level (``1e-12``),
+  after checking that the error is below it, because the digits of such an
+  error differ from one processor to the next.
+
+``tests/test_notebook_portability.py`` scans every stored notebook for glued
+or printed numbers that break either rule.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+
+__all__ = ["round_to_format", "glue_number", "glue_bound", "below", "ROUNDING_LEVEL"]
+
+#: Errors below this size are rounding-level: state them as bounds, never as digits.
+ROUNDING_LEVEL = 1e-12
+
+_FORMAT = re.compile(r"^(?P<comma>,)?(?:\.(?P<precision>\d+))?(?P<kind>[efg%])$")
+
+
+def round_to_format(value, fmt: str):
+    """The number that ``format(value, fmt)`` displays, as a float (an ``int`` stays an ``int``).
+
+    ``fmt`` is a format specification as the prose uses it after the glued
+    name: ``".3f"``, ``",.0f"``, ``",", ``".1e"``, ``".2g"``, ``".1%"``. Formatting the
+    result with ``fmt`` gives the same text as formatting ``value``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"value: expected a real number, got {type(value).__name__} {value!r}")
+    if not isinstance(fmt, str):
+        raise ValueError(f"fmt: expected a format specification such as '.3f', got {fmt!r}")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValueError(f"value: expected a finite number, got {x!r}")
+    if fmt == ",":
+        fmt = ",g"
+    m = _FORMAT.match(fmt)
+    if m is None:
+        raise ValueError(f"fmt: expected a format such as '.3f', ',.0f', '.1e', '.2g' or '.1%', got {fmt!r}")
+    kind = m["kind"]
+    precision = 6 if m["precision"] is None else int(m["precision"])
+    if kind == "f":
+        return round(x, precision)
+    if kind == "%":
+        return round(x, precision + 2)
+    shown = format(x, f".{precision}{kind}")        # 'e' and 'g': significant digits
+    return float(shown)
+
+
+def glue_number(name: str, value, fmt: str | None):
+    """Glue ``value`` under ``name`` for the prose, rounded to what ``fmt`` shows; return it.
+
+    Use the finest format with which the text shows ``name``. With ``fmt=None``
+    (the text shows the value as it is) a float is kept to 6 significant digits.
+    Integers, strings and other non-float values are glued unchanged.
+    """
+    from myst_nb import glue
+
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name: expected a non-empty string, got {name!r}")
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, numbers.Integral)):
+        value = round_to_format(value, ".6g" if fmt is None else fmt)
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)
+    glue(name, value, display=False)
+    return value
+
+
+def glue_bound(name: str, error, bound: float = ROUNDING_LEVEL) -> float:
+    """Check ``error < bound`` and glue ``bound`` under ``name``, for the text's "below ..." claims.
+
+    An error at rounding level has digits that depend on the processor and the
+    BLAS kernel; the bound does not. Raises ``AssertionError`` (showing the
+    error) if the error is not below the bound, so the claim in the text fails
+    loudly instead of silently becoming false.
+    """
+    err = float(error)
+    b = float(bound)
+    if not (b > 0 and math.isfinite(b)):
+        raise ValueError(f"bound: expected a positive finite number, got {bound!r}")
+    if not err < b:
+        raise AssertionError(f"{name}: the error {err:.3e} is not below the stated bound {b:.0e}")
+    from myst_nb import glue
+
+    glue(name, b, display=False)
+    return b
+
+
+def below(error, bound: float = ROUNDING_LEVEL) -> str:
+    """``"below 1e-12"``: the text of a rounding-level claim, after checking that it holds.
+
+    For printing an agreement between two forms without printing the
+    processor-dependent digits of the difference. Raises ``AssertionError``
+    (showing the error) if ``error`` is not below ``bound``.
+    """
+    err = float(error)
+    b = float(bound)
+    if not (b > 0 and math.isfinite(b)):
+        raise ValueError(f"bound: expected a positive finite number, got {bound!r}")
+    if not err < b:
+        raise AssertionError(f"the error {err:.3e} is not below the stated bound {b:.0e}")
+    return f"below {b:.0e}"
