@@ -2,14 +2,20 @@
 
 Usage: python tools/execute_notebook.py NOTEBOOK [--timeout SECONDS]
 
-The kernel runs in the notebook's own folder. Cell timing metadata is not
-recorded, so re-executing an unchanged notebook leaves the file unchanged
-except where an output really changed.
+The kernel runs in the notebook's own folder. Re-executing an unchanged
+notebook leaves the file unchanged outside the cells tagged
+``nbval-ignore-output`` (timings): cell timing metadata is not recorded, and
+the widget model ids, which ipywidgets draws at random, are renamed to ids
+derived from the notebook's name and each widget's order of appearance. A
+one-sentence prose change then shows in ``git diff`` as that sentence alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -30,8 +36,29 @@ def main() -> int:
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
     nb.metadata.pop("widgets", None) if not _has_widgets(nb) else None
+    nb = deterministic_widget_ids(nb, args.notebook.stem)
     nbformat.write(nb, args.notebook)
     return 0
+
+
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def deterministic_widget_ids(nb, name: str):
+    """Rename every widget model id to one derived from ``name`` and its order of first appearance."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    if not state:
+        return nb
+    text = json.dumps(nb)
+    ids = set(state)
+    order = []
+    for m in re.finditer(r"[0-9a-f]{32}", text):
+        if m.group(0) in ids and m.group(0) not in order:
+            order.append(m.group(0))
+    order += sorted(ids - set(order))
+    new = {old: hashlib.sha256(f"{name}/widget/{i}".encode()).hexdigest()[:32] for i, old in enumerate(order)}
+    text = re.sub(r"[0-9a-f]{32}", lambda m: new.get(m.group(0), m.group(0)), text)
+    return nbformat.from_dict(json.loads(text))
 
 
 def _has_widgets(nb) -> bool:
