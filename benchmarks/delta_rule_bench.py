@@ -31,6 +31,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fixedstate import delta_rule as dr  # noqa: E402
+from fixedstate.timing import time_forms  # noqa: E402
 
 
 def strong_decay_run(T=16384, d=128, chunk_size=64, seed=0):
@@ -49,22 +50,22 @@ def strong_decay_run(T=16384, d=128, chunk_size=64, seed=0):
     v = rng.standard_normal((T, d))
     betas = rng.uniform(0.1, 0.9, T)
     layers = {
-        "gated": (dr.gated_delta_rule_chunkwise, rng.uniform(0.05, 0.5, T)),
-        "kda": (dr.kda_chunkwise, dr.kda_decay(rng.standard_normal((T, d)) + 2.0)),
+        "gated": (dr.gated_delta_rule_chunkwise, np.log(rng.uniform(0.05, 0.5, T))),
+        "kda": (dr.kda_chunkwise, dr.kda_log_gate(rng.standard_normal((T, d)) + 2.0)),
     }
     report = {}
-    for name, (fn, gates) in layers.items():
-        o64, s64 = fn(q, k, v, betas, gates, chunk_size=chunk_size)
-        args32 = [x.astype(np.float32) for x in (q, k, v, betas, gates)]
+    for name, (fn, log_gate) in layers.items():
+        o64, s64 = fn(q, k, v, beta=betas, log_gate=log_gate, chunk_size=chunk_size)
+        q32, k32, v32, b32, g32 = (x.astype(np.float32) for x in (q, k, v, betas, log_gate))
         t0 = time.perf_counter()
-        o32, s32 = fn(*args32, chunk_size=chunk_size)
+        o32, s32 = fn(q32, k32, v32, beta=b32, log_gate=g32, chunk_size=chunk_size)
         seconds = time.perf_counter() - t0
         dev = np.abs(o32.astype(np.float64) - o64)
         report[name] = {
             "max_abs_dev": float(dev.max()),
             "max_rel_dev": float(dev.max() / np.abs(o64).max()),
             "nonfinite": int(np.sum(~np.isfinite(o32)) + np.sum(~np.isfinite(s32))),
-            "log_gamma_total": float(np.log(gates).sum(axis=0).max()),
+            "log_gamma_total": float(log_gate.sum(axis=0).max()),
             "seconds": seconds,
         }
     return report
@@ -87,7 +88,7 @@ def main(argv=None):
     for layer in ("gated", "delta", "kda"):
         for dtype in (np.float64, np.float32):
             for chunk in (64, 32):
-                r = dr.time_forms(T, d, d, dtype=dtype, chunk_size=chunk, repeats=args.repeats, layer=layer)
+                r = time_forms(T, d, d, dtype=dtype, chunk_size=chunk, repeats=args.repeats, layer=layer)
                 results[(layer, np.dtype(dtype).name, chunk)] = r
                 print(f"{layer:<7}{np.dtype(dtype).name:<9}{chunk:>6}{1e3 * r['recurrent']:>14.1f}"
                       f"{1e3 * r['chunkwise']:>14.1f}{r['ratio']:>8.2f}{r['max_rel_diff']:>14.2e}")
@@ -111,7 +112,7 @@ def main(argv=None):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         Ts = [256, 512, 1024, 2048, 4096]
-        rows = [dr.time_forms(t, d, d, repeats=max(3, args.repeats // 2)) for t in Ts]
+        rows = [time_forms(t, d, d, repeats=max(3, args.repeats // 2)) for t in Ts]
         fig, ax = plt.subplots(figsize=(5, 3.2))
         ax.loglog(Ts, [1e3 * r["recurrent"] for r in rows], "o-", label="recurrent (token by token)")
         ax.loglog(Ts, [1e3 * r["chunkwise"] for r in rows], "s-", label="chunkwise (chunk 64)")

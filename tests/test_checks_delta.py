@@ -10,7 +10,7 @@ from fixedstate.checks import delta as chk
 # --------------------------------------------------------------------------- delta step
 
 def ref_delta_step(state, key, value, beta):
-    return dr.delta_rule_step(state, key, key, value, beta)[1]
+    return dr.delta_rule_step(key, key, value, beta=beta, initial_state=state)[1]
 
 
 def test_delta_step_passes_on_reference():
@@ -43,7 +43,7 @@ def test_delta_step_fails_with_specific_message(wrong, fragment):
 # --------------------------------------------------------------------------- gated step
 
 def ref_gated_step(state, key, value, beta, gate):
-    return dr.gated_delta_rule_step(state, key, key, value, beta, gate)[1]
+    return dr.gated_delta_rule_step(key, key, value, beta=beta, log_gate=np.log(gate), initial_state=state)[1]
 
 
 def test_gated_step_passes_on_reference():

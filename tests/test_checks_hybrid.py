@@ -14,10 +14,12 @@ from fixedstate.checks import hybrid as ch
 def test_stored_answers_match_independent_arithmetic():
     a = ch.ANSWERS
     assert a["ex-hy-kv-factor"]["value"] == 4.0            # 32 attention layers against 8
-    assert a["ex-hy-crossover"]["value"] == 128 + 1        # 4 T^2 d > 4 T r d  <=>  T > r
-    assert a["ex-hy-128k-kv-gb"]["value"] == pytest.approx(2 * 128_000 * 4096 * 32 * 2 / 1e9, rel=1e-12)
-    assert a["ex-hy-128k-state-mb"]["value"] == pytest.approx(16 * 4096 * 32 * 2 / 1e6, rel=1e-12)
-    assert a["ex-hy-128k-ratio"]["value"] == pytest.approx(2 * 128_000 / 16, rel=1e-12)
+    assert a["ex-hy-crossover"]["value"] == 96 + 1         # 4 T^2 d > 4 T r d  <=>  T > r
+    kv = 2 * 128_000 * 28 * 4 * 128 * 2            # K and V, tokens, layers, KV heads, head width, bytes
+    state = 28 * 112 * 128 * 64 * 4                 # layers, heads, N, P, bytes (float32)
+    assert a["ex-hy-128k-kv-gb"]["value"] == pytest.approx(kv / 1e9, rel=1e-12)
+    assert a["ex-hy-128k-state-mb"]["value"] == pytest.approx(state / 1e6, rel=1e-12)
+    assert a["ex-hy-128k-ratio"]["value"] == pytest.approx(kv / state, rel=1e-12)
     t1, t2 = 1 / 224, 1 / 199
     b = (t2 - t1) / 13_500
     assert a["ex-hy-share-16k"]["value"] == pytest.approx(b * 16_000 / t2, rel=1e-9)
@@ -40,9 +42,13 @@ def test_check_answer_on_unknown_label_and_unfinished_cell():
     assert not result.passed and "`...`" in result.message
 
 
-def test_the_sources_mamba_state_figure_is_refused():
-    # the source gives 1.7e8 bytes (0.17 GB) for the N = 16 state; the arithmetic gives 4.2e6
-    assert not ch.check_answer("ex-hy-128k-state-mb", 170).passed
+def test_plausible_slips_on_the_128k_exercise_are_refused():
+    a = ch.ANSWERS["ex-hy-128k-state-mb"]["value"]
+    assert not ch.check_answer("ex-hy-128k-state-mb", a / 2).passed        # 2-byte states
+    assert not ch.check_answer("ex-hy-128k-state-mb", a / 28).passed       # one layer
+    kv = ch.ANSWERS["ex-hy-128k-kv-gb"]["value"]
+    assert not ch.check_answer("ex-hy-128k-kv-gb", kv / 2).passed          # keys only
+    assert not ch.check_answer("ex-hy-128k-kv-gb", kv * 7).passed          # 28 query heads, not 4 KV heads
 
 
 # --- KV cache of a configuration -------------------------------------------------------------

@@ -48,8 +48,14 @@ def test_kv_cache_size_pass_and_starter():
 
 # ------------------------------------------------------------------ softmax decode step
 
+def softmax_step(query, key, value, cache, **kw):
+    """The package's step, wrapped to the exercise's signature: the cache is a pair (keys, values)."""
+    out, new = sa.softmax_attention_step(query, key, value, initial_state=cache, **kw)
+    return out, (new.keys, new.values)
+
+
 def softmax_right(query, key, value, cache):
-    return sa.softmax_decode_step(query, key, value, cache)
+    return softmax_step(query, key, value, cache)
 
 
 def _softmax(x):
@@ -58,7 +64,7 @@ def _softmax(x):
 
 
 def softmax_unscaled(query, key, value, cache):
-    return sa.softmax_decode_step(query, key, value, cache, scale=1.0)
+    return softmax_step(query, key, value, cache, scale=1.0)
 
 
 def softmax_before_append(query, key, value, cache):
@@ -70,17 +76,17 @@ def softmax_before_append(query, key, value, cache):
 
 
 def softmax_unnormalized(query, key, value, cache):
-    _, (keys, values) = sa.softmax_decode_step(query, key, value, cache)
+    _, (keys, values) = softmax_step(query, key, value, cache)
     return np.exp(keys @ query / np.sqrt(len(query))) @ values, (keys, values)
 
 
 def softmax_cache_not_grown(query, key, value, cache):
-    out, (keys, values) = sa.softmax_decode_step(query, key, value, cache)
+    out, (keys, values) = softmax_step(query, key, value, cache)
     return out, (keys[-1:], values[-1:])
 
 
 def softmax_cache_order(query, key, value, cache):
-    out, (keys, values) = sa.softmax_decode_step(query, key, value, cache)
+    out, (keys, values) = softmax_step(query, key, value, cache)
     return out, (keys[::-1], values[::-1])
 
 
@@ -90,7 +96,7 @@ def softmax_cache_order(query, key, value, cache):
     (softmax_unnormalized, "not normalized"),
     (softmax_cache_not_grown, "the cached keys"),
     (softmax_cache_order, "the cached keys"),
-    (lambda q, k, v, c: sa.softmax_decode_step(q, k, v, c)[0], "expected the function to return a tuple"),
+    (lambda q, k, v, c: softmax_step(q, k, v, c)[0], "expected the function to return a tuple"),
 ])
 def test_softmax_decode_diagnoses(wrong, message):
     result = ck.check_softmax_decode_step(wrong)
@@ -104,8 +110,19 @@ def test_softmax_decode_pass_and_starter():
 
 # ------------------------------------------------------------------ linear decode step
 
+def linear_step(state, normalizer, query, key, value, **kw):
+    """The package's step, wrapped to the exercise's signature: S and z apart (the package keeps z
+    as the last column of the state when normalizing)."""
+    normalize = kw.get("normalize", True)
+    full = np.column_stack([state, normalizer]) if normalize else state
+    out, new = la.linear_attention_step(query, key, value, initial_state=full, **kw)
+    if normalize:
+        return out, new[:, :-1], new[:, -1]
+    return out, new, normalizer + kw.get("feature_map", la.elu_plus_one)(key)
+
+
 def linear_right(state, normalizer, query, key, value):
-    return la.linear_attention_decode_step(state, normalizer, query, key, value)
+    return linear_step(state, normalizer, query, key, value)
 
 
 def linear_no_normalizer(state, normalizer, query, key, value):
@@ -131,8 +148,7 @@ def linear_transposed(state, normalizer, query, key, value):
 
 
 def linear_no_feature_map(state, normalizer, query, key, value):
-    return la.linear_attention_decode_step(state, normalizer, query, key, value,
-                                           feature_map=la.identity_feature_map, normalize=False)
+    return linear_step(state, normalizer, query, key, value, feature_map=la.identity_feature_map, normalize=False)
 
 
 def linear_raw_normalized(state, normalizer, query, key, value):
@@ -142,12 +158,12 @@ def linear_raw_normalized(state, normalizer, query, key, value):
 
 
 def linear_normalizer_stale(state, normalizer, query, key, value):
-    out, s, z = la.linear_attention_decode_step(state, normalizer, query, key, value)
+    out, s, z = linear_step(state, normalizer, query, key, value)
     return out, s, normalizer
 
 
 def linear_in_place(state, normalizer, query, key, value):
-    out, s, z = la.linear_attention_decode_step(state, normalizer, query, key, value)
+    out, s, z = linear_step(state, normalizer, query, key, value)
     state += s - state
     normalizer += z - normalizer
     return out, state, normalizer
@@ -177,7 +193,7 @@ def test_linear_decode_pass_and_starter():
 # ------------------------------------------------------------------ parallel form
 
 def parallel_right(queries, keys, values):
-    return la.linear_attention_parallel(queries, keys, values)
+    return la.linear_attention_parallel(queries, keys, values)[0]
 
 
 def _weights(q, k):
@@ -207,13 +223,28 @@ def test_parallel_form_pass_and_starter():
 
 def test_answers_are_computed_by_the_package():
     a = ck.ANSWERS
-    assert a["ex-sm-128k"]["value"] == 2 * 128_000 * 4096 * 32 * 2 / 1e9
-    assert a["ex-la-state-vs-cache/state"]["value"] == 128 * 128
-    assert a["ex-la-state-vs-cache/cache"]["value"] == 2 * 128 * 100_000
-    assert a["ex-la-crossover/full"]["value"] == 257
-    assert a["ex-la-crossover/causal"]["value"] == 512
-    assert a["ex-la-long-context"]["value"] == pytest.approx(2 * 128_000 / 128)
+    # ex-sm-128k: 48 layers, 8 KV heads of 128, 16-bit, 128,000 tokens
+    assert a["ex-sm-128k"]["value"] == 2 * 128_000 * 48 * 8 * 128 * 2 / 1e9
     assert a["ex-sm-decode-flops"]["value"] == pytest.approx(costs.softmax_decode_flops(128_000, 128, 128) / 1e6)
+    # ex-la-state-vs-cache: 24 layers of 16 heads, d_k = d_v = 64, float32, 32,768 tokens
+    assert a["ex-la-state-vs-cache/state"]["value"] == 24 * 16 * 64 * 64 * 4
+    assert a["ex-la-state-vs-cache/cache"]["value"] == 2 * 32_768 * 24 * 16 * 64 * 4
+    assert a["ex-la-state-vs-cache/equal"]["value"] == 64 * 64 // (2 * 64)        # 2 T d >= d^2 <=> T >= d/2
+    # ex-la-crossover: r = 256, d_k = 64, d_v = 128: T > 2 r d_v / (d_k + d_v) = 341.3
+    assert a["ex-la-crossover/full"]["value"] == 342
+    assert a["ex-la-crossover/causal"]["value"] == 682                            # T + 1 > 4 r d_v / (d_k + d_v)
+    assert "ex-la-long-context" not in a                                          # merged into ex-la-state-vs-cache
+
+
+def test_no_numeric_answer_is_printed_by_its_chapter():
+    """The exercises' shapes differ from the chapters' examples, so their answers are not in the chapters."""
+    a = ck.ANSWERS
+    assert a["ex-sm-128k"]["value"] != costs.kv_cache_bytes(128_000, **ck.CHAPTER_KV_SHAPE) / 1e9
+    for r, d in ((64, 64), (128, 128), (256, 64)):            # the pairs chapter 2 prints
+        assert a["ex-la-crossover/full"]["value"] != costs.crossover_length(r, d, d)
+        assert a["ex-la-crossover/causal"]["value"] != costs.crossover_length(r, d, d, causal=True)
+    assert a["ex-la-state-vs-cache/state"]["value"] != costs.linear_state_bytes(n_layers=32, n_heads=32,
+                                                                                 d_k=128, d_v=128)
 
 
 @pytest.mark.parametrize("label", sorted(ck.ANSWERS))

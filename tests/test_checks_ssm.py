@@ -14,14 +14,16 @@ from fixedstate.checks import ssm as checks
 
 def test_answers_are_the_package_values():
     # recomputed here from the formulas, independently of the checks module's calls
-    kv = 2 * 128_000 * 4096 * 32 * 2
-    state = 16 * 4096 * 32 * 2
-    assert checks.ANSWERS["ex-ssm-kv-gb"]["value"] == pytest.approx(kv / 1e9, rel=1e-12)
-    assert checks.ANSWERS["ex-ssm-state-mb"]["value"] == pytest.approx(state / 1e6, rel=1e-12)
-    assert checks.ANSWERS["ex-ssm-ratio"]["value"] == pytest.approx(2 * 128_000 / 16, rel=1e-12)
+    state = 2 * 2560 * 128 * 4           # 2d channels, N = 128, float32
+    per_token = 2 * 8 * 128 * 2          # a key and a value, 8 heads of width 128, bf16
+    assert checks.ANSWERS["ex-ssm-kv-vs-state/state-bytes"]["value"] == state
+    assert checks.ANSWERS["ex-ssm-kv-vs-state/kv-bytes-per-token"]["value"] == per_token
+    assert checks.ANSWERS["ex-ssm-kv-vs-state/crossover"]["value"] == 641
+    assert 640 * per_token == state
     assert checks.ANSWERS["ex-ssm-half-step"]["value"] == pytest.approx(np.log(2), rel=1e-12)
-    # the source's published SSM figure (1.7e8 B) is not the answer
-    assert not checks.check_answer("ex-ssm-state-mb", 170.0).passed
+    # the off-by-one (the context at which the two are equal) is named
+    r = checks.check_answer("ex-ssm-kv-vs-state/crossover", 640)
+    assert not r.passed and "same size" in r.message
 
 
 def test_scan_level_count_matches_the_recursion():
@@ -48,9 +50,9 @@ def test_scan_level_count_matches_the_recursion():
 def test_check_answer_passes_and_fails():
     for label, spec in checks.ANSWERS.items():
         assert checks.check_answer(label, spec["value"]).passed
-    r = checks.check_answer("ex-ssm-kv-gb", 2 * 131_072 * 4096 * 32 * 2 / 1e9 * 1.5)
-    assert not r.passed and "GB" in r.message
-    assert not checks.check_answer("ex-ssm-ratio", ...).passed
+    r = checks.check_answer("ex-ssm-kv-vs-state/state-bytes", 2 * 2560 * 128 * 2)
+    assert not r.passed and "float32" in r.message
+    assert not checks.check_answer("ex-ssm-kv-vs-state/crossover", ...).passed
     assert "no numeric answer" in checks.check_answer("ex-nope", 1.0).message
 
 
@@ -116,7 +118,8 @@ def test_kernel_check_names_the_mistake(wrong, phrase):
 # --------------------------------------------------------------------------- selective step
 
 def reference_step(state, x_t, delta_t, A, B_t, C_t, D):
-    return ssm.selective_scan_step(state, x_t, delta_t, A, B_t, C_t, D)
+    # the exercise keeps its own argument order; the package's step takes the state as initial_state
+    return ssm.selective_scan_step(x_t, delta_t, A, B_t, C_t, D=D, initial_state=state)
 
 
 def test_selective_step_check_passes_on_reference_and_handwritten():

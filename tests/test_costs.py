@@ -114,6 +114,18 @@ def test_arrays_of_context_lengths():
     assert dec.shape == lengths.shape
 
 
+def test_conv_buffer_keeps_kernel_minus_one_inputs_per_channel():
+    from fixedstate.blocks import short_conv
+    for kernel, conv_dim in [(1, 7), (2, 3), (4, 8192)]:
+        _, state = short_conv(np.zeros((6, conv_dim)), np.ones((conv_dim, kernel)))
+        assert costs.conv_state_numbers(kernel_size=kernel, conv_dim=conv_dim) == state.size
+    # 24 Gated DeltaNet layers of Qwen3.5: kernel 4 over 8192 channels, bf16 and float32
+    assert costs.conv_state_numbers(n_layers=24, kernel_size=4, conv_dim=8192) == 24 * 3 * 8192
+    assert costs.conv_state_bytes(n_layers=24, kernel_size=4, conv_dim=8192) == 24 * 3 * 8192 * 2
+    assert costs.conv_state_bytes(n_layers=24, kernel_size=4, conv_dim=8192, bytes_per_element=4) \
+        == 24 * 3 * 8192 * 4
+
+
 def test_bytes_per_element_scales_and_accepts_fractions():
     assert costs.kv_cache_bytes(10, head_dim=4, bytes_per_element=4) == 2 * costs.kv_cache_bytes(10, head_dim=4)
     assert costs.linear_state_bytes(d_k=4, d_v=4, bytes_per_element=0.5) == 8.0
@@ -128,6 +140,9 @@ def test_bytes_per_element_scales_and_accepts_fractions():
     (lambda: costs.kv_cache_bytes(10, head_dim=4, n_layers=True), "n_layers"),
     (lambda: costs.kv_cache_bytes(10, head_dim=4, bytes_per_element=0), "bytes_per_element"),
     (lambda: costs.linear_state_bytes(d_k=4, d_v="4"), "d_v"),
+    (lambda: costs.conv_state_numbers(kernel_size=0, conv_dim=4), "kernel_size"),
+    (lambda: costs.conv_state_bytes(kernel_size=4, conv_dim=0), "conv_dim"),
+    (lambda: costs.conv_state_bytes(kernel_size=4, conv_dim=4, bytes_per_element=-2), "bytes_per_element"),
     (lambda: costs.softmax_attention_flops(10, 0, 4), "d_k"),
     (lambda: costs.linear_attention_flops(10, 4, 4, normalize="yes"), "normalize"),
     (lambda: costs.crossover_length(np.array([4, 8]), 4, 4), "r"),

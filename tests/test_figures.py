@@ -106,3 +106,94 @@ def test_figure_png_is_a_small_png_and_closes_the_figure():
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert not plt.fignum_exists(fig.number)
     assert len(data) < 20_000
+
+
+# ----------------------------------------------------------------------------- chapter figures
+
+import numpy as np  # noqa: E402
+
+from fixedstate import recall as rc  # noqa: E402
+from fixedstate.figures import delta_rule as fdr  # noqa: E402
+from fixedstate.figures import recall as frc  # noqa: E402
+
+
+@pytest.mark.parametrize("overlap", [0.0, 0.5, 0.9])
+def test_four_writes(overlap):
+    res = fdr.four_writes(gate=1.0, beta=1.0, overlap=overlap)
+    e = np.eye(4)
+    # linear attention piles up: old + new value of a, plus overlap times c's value
+    assert np.allclose(res["linear"]["a"], e[0] + e[3] + overlap * e[2], atol=1e-14)
+    assert np.allclose(res["linear"]["b"], e[1], atol=1e-14)
+    # the delta rule with beta 1 recalls a's new value exactly, and b is untouched
+    assert np.allclose(res["delta"]["a"], e[3], atol=1e-14)
+    assert np.allclose(res["delta"]["b"], e[1], atol=1e-14)
+    # c is disturbed exactly when it overlaps a
+    assert np.allclose(res["delta"]["c"], e[2], atol=1e-14) == (overlap == 0.0)
+    assert set(res["linear"]) == set(fdr.FOUR_WRITES_KEYS)
+
+
+def test_four_writes_gate_fades_b():
+    g = 0.5
+    res = fdr.four_writes(gate=g, beta=1.0, overlap=0.5)
+    # b was written second, then two more steps of decay (its key is orthogonal to a and c)
+    assert np.allclose(res["delta"]["b"], g ** 2 * np.eye(4)[1], atol=1e-14)
+
+
+@pytest.mark.parametrize("kwargs, name", [({"gate": 0.0}, "gate"), ({"gate": 1.5}, "gate"),
+                                          ({"overlap": -0.1}, "overlap")])
+def test_four_writes_refuses_bad_sliders(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        fdr.four_writes(**kwargs)
+
+
+def test_draw_four_writes_has_three_panels():
+    fig = fdr.draw_four_writes(0.9, 0.5, 0.5)
+    assert len(fig.axes) == 3 and [ax.get_title().split("\n")[0] for ax in fig.axes] == [
+        "recall of a", "recall of b", "recall of c"]
+    plt.close(fig)
+
+
+def test_draw_lab_shows_each_keys_error_and_colour():
+    fig = frc.draw_lab("linear", 12, 0.3, d_k=8, seed=2)
+    result, _ = rc.lab_update("linear", 12, 8, 0.3, seed=2)
+    bars = fig.axes[0].patches
+    assert len(bars) == 12
+    assert np.allclose([b.get_height() for b in bars], result.errors, rtol=1e-12)
+    red = [b.get_facecolor()[0] > 0.7 and b.get_facecolor()[1] < 0.3 for b in bars]
+    assert red == list(~result.correct)
+    plt.close(fig)
+
+
+def test_draw_lab_uses_the_value_width():
+    fig = frc.draw_lab("linear", 12, 0.0, 32, d_k=8, seed=2)
+    result, curve = rc.lab_update("linear", 12, 8, 0.0, d_v=32, seed=2)
+    assert np.allclose([b.get_height() for b in fig.axes[0].patches], result.errors, rtol=1e-12)
+    assert "d_v = 32" in fig.axes[0].get_title()
+    lines = fig.axes[1].get_lines()
+    assert np.array_equal(lines[1].get_ydata(), curve.accuracy["linear"])
+    plt.close(fig)
+    # the default d_v is d_k
+    fig = frc.draw_lab("linear", 12, 0.3, d_k=8, seed=2)
+    assert "d_v = 8" in fig.axes[0].get_title()
+    plt.close(fig)
+
+
+def test_draw_capacity_draws_every_mechanism():
+    fig = frc.draw_capacity(8, 0.3, n_seeds=2)
+    curve = rc.capacity_curve(8, rc.lab_n_values(8), overlap=0.3, n_seeds=2)
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines[:len(rc.MECHANISMS)]] == [
+        frc.LAB_MECHANISM_LABELS[m] for m in rc.MECHANISMS]
+    for line, m in zip(lines, rc.MECHANISMS):
+        assert np.array_equal(line.get_ydata(), curve.accuracy[m])
+    plt.close(fig)
+
+
+def test_cores_do_not_import_matplotlib():
+    import pathlib
+
+    package = pathlib.Path(rc.__file__).parent
+    drawing = [p.relative_to(package).as_posix() for p in package.rglob("*.py")
+               if ("import matplotlib" in p.read_text() or "from matplotlib" in p.read_text())
+               and p.parent.name != "figures"]
+    assert drawing == []

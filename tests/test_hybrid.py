@@ -19,9 +19,9 @@ def small_config(**overrides):
     return hy.HybridConfig(**base)
 
 
-# --- the Qwen3.5-9B-style estimate of the source -----------------------------------------
+# --- the Qwen3.5-9B estimate of chumba2026beyond -----------------------------------------
 
-# Published in the source (chumba2026beyond): parameters by component and the vocabulary.
+# Published by chumba2026beyond: parameters by component and the vocabulary.
 PUBLISHED = {"mlp": 4.832e9, "linear_attention": 1.617e9, "full_attention": 0.470e9}
 VOCAB, HIDDEN = 248_320, 4096
 
@@ -105,12 +105,58 @@ def test_fixed_state_does_not_depend_on_context_and_all_linear_has_no_kv_cache(c
     lin = hy.all_linear(c)
     np.testing.assert_array_equal(hy.stack_kv_cache_bytes(lin, lengths), 0)
     assert hy.stack_state_bytes(hy.all_attention(c)) == 0
-    # 24 linear layers, 32 value heads, 128 x 128 state, 2 bytes
-    assert hy.stack_state_bytes(c) == 24 * 32 * 128 * 128 * 2
-    assert hy.stack_state_bytes(lin) == 32 * 32 * 128 * 128 * 2
+    # 24 linear layers, 32 value heads, 128 x 128 state in float32; the convolution
+    # buffers: kernel 4 keeps 3 inputs of 2 * 16 * 128 + 32 * 128 = 8192 channels, bf16
+    assert hy.stack_state_bytes(c) == 24 * 32 * 128 * 128 * 4 + 24 * 3 * 8192 * 2
+    assert hy.stack_state_bytes(lin) == 32 * 32 * 128 * 128 * 4 + 32 * 3 * 8192 * 2
+    # the simpler count: bf16 states, no convolution buffers
+    simple = hy.qwen35_9b_config(state_bytes_per_element=2, conv_kernel_size=1)
+    assert hy.stack_state_bytes(simple) == 24 * 32 * 128 * 128 * 2
     # decode FLOPs of an all-linear stack are the same at every context length
     flops = hy.decode_flops_per_token(lin, lengths)
     np.testing.assert_array_equal(flops, flops[0])
+
+
+def test_qwen_configuration_is_the_transformers_qwen3_5_text_default():
+    # Qwen3_5Config().text_config in Hugging Face transformers (Qwen3_5TextConfig defaults)
+    c = hy.qwen35_9b_config()
+    assert (c.n_layers, c.d_model, c.d_ff, c.vocab_size) == (32, 4096, 12288, 248_320)
+    assert (c.n_heads, c.n_kv_heads, c.head_dim) == (16, 4, 256)
+    assert (c.n_linear_key_heads, c.n_linear_heads, c.linear_key_dim, c.linear_value_dim) == (16, 32, 128, 128)
+    assert c.attention_layers == tuple(i for i in range(32) if (i + 1) % 4 == 0)
+    assert (c.conv_kernel_size, c.conv_dim) == (4, 8192)
+    assert (c.bytes_per_element, c.state_bytes_per_element) == (2, 4)
+
+
+def test_state_memory_parameters():
+    c = small_config()
+    # defaults: states as wide as the cache numbers, no convolution buffer,
+    # conv_dim = the query, key and value channels 2 H_k d_k + H_v d_v
+    assert c.state_bytes_per_element == c.bytes_per_element == 2
+    assert c.conv_kernel_size == 1 and c.conv_dim == 2 * 2 * 16 + 4 * 16
+    assert hy.stack_conv_state_bytes(c) == 0
+    assert hy.stack_state_bytes(c) == hy.stack_recurrent_state_bytes(c) == 6 * 4 * 16 * 16 * 2
+    # float32 states double the recurrent part only; the buffers are (K - 1) conv_dim per layer
+    wide = small_config(state_bytes_per_element=4, conv_kernel_size=4, conv_dim=100, bytes_per_element=2)
+    assert hy.stack_recurrent_state_bytes(wide) == 2 * hy.stack_recurrent_state_bytes(c)
+    assert hy.stack_conv_state_bytes(wide) == 6 * 3 * 100 * 2
+    assert hy.stack_state_bytes(wide) == hy.stack_recurrent_state_bytes(wide) + hy.stack_conv_state_bytes(wide)
+    # the KV cache does not see the state's dtype
+    assert hy.stack_kv_cache_bytes(wide, 1000) == hy.stack_kv_cache_bytes(c, 1000)
+    # a change of layout keeps the memory parameters; an all-attention stack has no state at all
+    relaid = hy.with_layout(wide, (0,))
+    assert (relaid.state_bytes_per_element, relaid.conv_kernel_size, relaid.conv_dim) == (4, 4, 100)
+    assert hy.stack_conv_state_bytes(hy.all_attention(wide)) == 0
+    assert hy.stack_state_bytes(hy.all_attention(wide)) == 0
+
+
+def test_conv_buffer_is_what_the_short_convolution_carries():
+    # the decode cache of blocks.short_conv over conv_dim channels is (K - 1, conv_dim) per layer
+    from fixedstate.blocks import short_conv
+    c = small_config(conv_kernel_size=4)
+    x = np.zeros((5, c.conv_dim), dtype=np.float32)
+    _, conv_state = short_conv(x, np.ones((c.conv_dim, c.conv_kernel_size), dtype=np.float32))
+    assert hy.stack_conv_state_bytes(c) == c.n_linear_layers * conv_state.size * c.bytes_per_element
 
 
 def test_toy_stack_state_stays_fixed_while_kv_cache_grows():
@@ -122,8 +168,8 @@ def test_toy_stack_state_stays_fixed_while_kv_cache_grows():
         if layer["kind"] == "linear":
             assert c5.shape == c9.shape == (2, 8, 8)
         else:
-            assert c5["length"] == 5 and c9["length"] == 9
-            assert c9["keys"].shape[0] == c9["values"].shape[0] == 2
+            assert c5.length == 5 and c9.length == 9
+            assert c9.keys.shape == c9.values.shape == (2, 9, 8)
 
 
 @FAST
@@ -194,24 +240,61 @@ def test_decode_steps_equal_the_forward_pass(T, chunk, seed, layout, d_ff):
     np.testing.assert_allclose(steps, full, rtol=1e-10, atol=1e-12)
 
 
-@settings(max_examples=20, deadline=None)
-@given(T=st.integers(1, 40), capacity=st.integers(1, 8), seed=st.integers(0, 10**6))
-def test_preallocated_kv_cache_is_the_softmax_decode_step(T, capacity, seed):
-    from fixedstate.softmax_attention import softmax_decode_step
-    rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal((T, 2, 5)) for _ in range(3))
-    entry = hy.init_decode_cache(hy.init_stack(1, 10, 2, (0,)), capacity=capacity)[0]
-    caches = [None, None]
-    for t in range(T):
-        got = hy.kv_cache_attend(entry, q[t], k[t], v[t], scale=0.3)
-        for j in range(2):
-            ref, caches[j] = softmax_decode_step(q[t, j], k[t, j], v[t, j], caches[j], scale=0.3)
-            np.testing.assert_allclose(got[j], ref, rtol=1e-12, atol=1e-14)
-    assert entry["length"] == T and entry["keys"].shape[1] >= T
-    with pytest.raises(ValueError, match="queries"):
-        hy.kv_cache_attend(entry, q[0, :1], k[0], v[0], scale=0.3)
-    with pytest.raises(ValueError, match="entry"):
-        hy.kv_cache_attend({"keys": 1}, q[0], k[0], v[0], scale=0.3)
+def reference_stack_forward(params, x, chunk_size):
+    """The stack written with a Python loop over heads and the cores' reference loops."""
+    from fixedstate.delta_rule import gated_delta_rule_loop
+    from fixedstate.softmax_attention import softmax_attention_loop
+
+    n_heads = params["n_heads"]
+    d_h = params["d_model"] // n_heads
+    scale = 1 / np.sqrt(d_h)
+
+    def norm(a):
+        return a / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + 1e-6)
+
+    def unit(a):
+        return a / np.sqrt(np.sum(a * a, axis=-1, keepdims=True) + 1e-6)
+
+    for layer in params["layers"]:
+        h = norm(x)
+        q, k, v = (h @ layer[n] for n in ("W_q", "W_k", "W_v"))
+        heads = []
+        for j in range(n_heads):
+            cols = slice(j * d_h, (j + 1) * d_h)
+            if layer["kind"] == "attention":
+                out, _ = softmax_attention_loop(q[:, cols], k[:, cols], v[:, cols], scale=scale)
+            else:
+                beta = 1 / (1 + np.exp(-(h @ layer["W_beta"])[:, j]))
+                gate = 1 / (1 + np.exp(-(h @ layer["W_gate"] + layer["b_gate"])[:, j]))
+                out, _ = gated_delta_rule_loop(unit(q[:, cols]), unit(k[:, cols]), v[:, cols], beta=beta,
+                                               log_gate=np.log(gate), scale=scale)
+            heads.append(out)
+        x = x + np.concatenate(heads, axis=1) @ layer["W_o"]
+        if "W_1" in layer:
+            u = norm(x) @ layer["W_1"]
+            x = x + (u / (1 + np.exp(-u))) @ layer["W_2"]
+    return x
+
+
+@settings(max_examples=10, deadline=None)
+@given(T=st.integers(1, 20), chunk=st.sampled_from([1, 4, 16]), seed=st.integers(0, 10**6),
+       layout=st.sampled_from(["hybrid", "attention", "linear"]), d_ff=st.sampled_from([0, 24]))
+def test_heads_in_one_call_equal_a_loop_over_heads(T, chunk, seed, layout, d_ff):
+    attn = {"hybrid": (1,), "attention": range(3), "linear": ()}[layout]
+    params = hy.init_stack(3, 12, 3, attn, d_ff=d_ff, seed=seed)
+    x = np.random.default_rng(seed + 1).standard_normal((T, 12))
+    np.testing.assert_allclose(hy.stack_forward(params, x, chunk_size=chunk),
+                               reference_stack_forward(params, x, chunk), rtol=1e-10, atol=1e-12)
+
+
+def test_a_float32_stack_computes_in_float32():
+    params = hy.init_stack(4, 8, 2, (1, 3), d_ff=8, dtype=np.float32, seed=2)
+    x = np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32)
+    full = hy.stack_forward(params, x)
+    steps, cache = hy.stack_decode(params, x)
+    assert full.dtype == steps.dtype == np.float32
+    assert cache[0].dtype == np.float32
+    np.testing.assert_allclose(steps, full, rtol=1e-4, atol=1e-5)
 
 
 def test_decode_continues_a_prefix():
@@ -230,12 +313,14 @@ def test_layers_really_differ_by_kind():
     assert np.abs(a - b).max() > 1e-3
 
 
-def test_measure_decode_seconds_shape_and_sign():
+def test_synthetic_cache_has_the_sizes_of_the_context():
     params = hy.init_stack(2, 8, 2, (1,))
-    t = hy.measure_decode_seconds(params, [0, 64], n_steps=2)
-    assert t.shape == (2,) and np.all(t > 0) and np.all(np.isfinite(t))
     cache = hy.synthetic_cache(params, 64)
-    assert cache[1]["length"] == 64 and cache[1]["keys"].shape[2] == 4 and cache[0].shape == (2, 4, 4)
+    assert cache[0].shape == (2, 4, 4)
+    assert cache[1].keys.shape == (2, 64, 4) and cache[1].values.shape == (2, 64, 4)
+    # a decode step continues from it: one more token in the attention layer's cache
+    _, cache = hy.stack_decode_step(params, np.ones(8), cache)
+    assert cache[1].keys.shape == (2, 65, 4)
 
 
 # --- bad input ------------------------------------------------------------------------------
@@ -275,6 +360,12 @@ def test_head_counts_must_divide():
 def test_other_bad_input():
     with pytest.raises(ValueError, match="bytes_per_element"):
         small_config(bytes_per_element=0)
+    with pytest.raises(ValueError, match="^state_bytes_per_element"):
+        small_config(state_bytes_per_element=-4)
+    with pytest.raises(ValueError, match="^conv_kernel_size"):
+        small_config(conv_kernel_size=0)
+    with pytest.raises(ValueError, match="^conv_dim"):
+        small_config(conv_dim=0)
     with pytest.raises(ValueError, match="context_lengths"):
         hy.fit_time_model([100, 100], [5, 4])
     with pytest.raises(ValueError, match="tokens_per_second"):

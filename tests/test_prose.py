@@ -20,7 +20,7 @@ def test_rounding_keeps_the_displayed_text(x, fmt):
 
 def test_rounding_examples():
     assert round_to_format(0.25338456270911375, ".3f") == 0.253
-    assert round_to_format(0.1234567, ".1%") == 0.123
+    assert format(round_to_format(0.1234567, ".1%"), ".1%") == "12.3%"
     assert round_to_format(2481.0649554974784, ".2g") == 2500.0
     assert round_to_format(12345, ",") == 12345 and isinstance(round_to_format(12345, ","), int)
 

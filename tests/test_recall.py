@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from fixedstate import recall as rc
 from fixedstate.delta_rule import delta_rule_recurrent, gated_delta_rule_recurrent
 from fixedstate.linear_attention import identity_feature_map, linear_attention_recurrent
-from fixedstate.softmax_attention import causal_softmax_attention
+from fixedstate.softmax_attention import softmax_attention
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -73,7 +73,7 @@ def test_softmax_read_is_the_last_row_of_the_package_attention():
     for i in range(9):
         q = keys.copy()
         q[-1] = keys[i]  # the last token sees every cached pair
-        want = causal_softmax_attention(q, keys, values, scale=1 / 0.05)[-1]
+        want = softmax_attention(q, keys, values, causal=True, scale=1 / 0.05)[0][-1]
         got = rc.read_memory("softmax", cache, keys[i:i + 1], temperature=0.05)[0]
         assert rel(got, want) < 1e-12
 
@@ -184,15 +184,31 @@ def test_batched_states_equal_the_package_layers(mech):
 def test_write_memory_uses_the_layers_as_documented():
     rng = np.random.default_rng(8)
     k, v = rng.standard_normal((6, 4)), rng.standard_normal((6, 3))
-    _, s_lin, _ = linear_attention_recurrent(k, k, v, feature_map=identity_feature_map, normalize=False)
+    _, s_lin = linear_attention_recurrent(k, k, v, feature_map=identity_feature_map, normalize=False)
     assert rel(rc.write_memory("linear", k, v), k.T @ v) < 1e-12
     assert rel(rc.write_memory("linear", k, v), s_lin) < 1e-12
-    _, s_d = delta_rule_recurrent(k, k, v, np.full(6, 0.5))
+    _, s_d = delta_rule_recurrent(k, k, v, beta=np.full(6, 0.5))
     assert rel(rc.write_memory("delta", k, v, beta=0.5), s_d) < 1e-12
-    _, s_g = gated_delta_rule_recurrent(k, k, v, np.full(6, 0.5), np.full(6, 0.7))
+    # the public gate is the decay g; the core takes log g
+    _, s_g = gated_delta_rule_recurrent(k, k, v, beta=np.full(6, 0.5), log_gate=np.full(6, np.log(0.7)))
     assert rel(rc.write_memory("gated_delta", k, v, beta=0.5, gate=0.7), s_g) < 1e-12
     weights = 0.7 ** np.arange(5, -1, -1)
     assert rel(rc.write_memory("ssm", k, v, gate=0.7), (weights[:, None] * k).T @ v) < 1e-12
+
+
+@pytest.mark.parametrize("mech", ["linear", "delta", "gated_delta", "ssm"])
+def test_batched_states_are_one_call_of_the_layer_with_a_batch_axis(mech):
+    # no checkpoints: the final state of each sequence, equal to the unbatched write
+    rng = np.random.default_rng(9)
+    keys = np.stack([rc.make_keys(7, 4, rng=rng) for _ in range(5)])
+    values = rng.standard_normal((5, 7, 3))
+    states = rc.batched_final_states(mech, keys, values, beta=0.6, gate=0.9)
+    assert states.shape == (5, 4, 3)
+    for b in range(5):
+        assert rel(states[b], rc.write_memory(mech, keys[b], values[b], beta=0.6, gate=0.9)) < 1e-12
+    # repeated checkpoints give the same state twice
+    twice = rc.batched_final_states(mech, keys, values, beta=0.6, gate=0.9, checkpoints=[3, 3, 7])
+    assert np.array_equal(twice[0], twice[1]) and rel(twice[2], states) < 1e-12
 
 
 @pytest.mark.parametrize("passes", [1, 3])
@@ -299,6 +315,16 @@ def test_mqar_answers_read_the_package_layer_at_query_positions():
             assert preds[0, t] == batch.value_tokens[np.argmax(emb_v[batch.value_tokens] @ out)]
 
 
+@pytest.mark.parametrize("mech", rc.MECHANISMS)
+def test_mqar_answers_of_a_batch_are_those_of_each_sequence(mech):
+    batch = rc.make_mqar(3, 41, 6, 30, rng=4)
+    preds = rc.mqar_answers(mech, batch, d_k=8, gate=0.8, beta=0.7, rng=2)
+    for s in range(3):
+        one = rc.MQARBatch(batch.tokens[s:s + 1], batch.targets[s:s + 1], batch.vocab_size, batch.n_pairs,
+                           batch.key_tokens, batch.value_tokens)
+        assert np.array_equal(rc.mqar_answers(mech, one, d_k=8, gate=0.8, beta=0.7, rng=2), preds[s:s + 1])
+
+
 # ----------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("call, name", [
@@ -342,16 +368,60 @@ def test_lab_update_is_the_experiment_and_the_curve():
     assert curve.n_values[0] == 1 and curve.n_values[-1] == 32
 
 
-def test_draw_lab_shows_each_keys_error_and_colour():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def test_lab_update_takes_the_value_width():
+    result, curve = rc.lab_update("linear", 10, 8, 0.0, d_v=24, seed=4, n_seeds=3)
+    rng = np.random.default_rng(4)
+    keys = rc.make_keys(10, 8, rng=rng)
+    values = rc.make_values(10, 24, rng=rng)
+    assert result.recalled.shape == (10, 24)
+    assert np.array_equal(result.recalled, rc.recall_pairs("linear", keys, values).recalled)
+    again = rc.capacity_curve(8, rc.lab_n_values(8), d_v=24, n_seeds=3, seed=4)
+    assert curve.d_v == 24
+    for m in rc.MECHANISMS:
+        assert np.array_equal(curve.accuracy[m], again.accuracy[m])
 
-    fig = rc.draw_lab("linear", 12, 0.3, d_k=8, seed=2)
-    result, _ = rc.lab_update("linear", 12, 8, 0.3, seed=2)
-    bars = fig.axes[0].patches
-    assert len(bars) == 12
-    assert np.allclose([b.get_height() for b in bars], result.errors, rtol=1e-12)
-    red = [b.get_facecolor()[0] > 0.7 and b.get_facecolor()[1] < 0.3 for b in bars]
-    assert red == list(~result.correct)
-    plt.close(fig)
+
+# ----------------------------------------------------------------------------- vocabulary decoding
+
+def test_vocabulary_recall_is_the_nearest_candidate_by_cosine():
+    acc = rc.vocabulary_recall("linear", 6, 5, [3, 9], n_candidates=12, n_seeds=2, seed=3)
+    expected = np.zeros(2)
+    for s in range(2):
+        rng = np.random.default_rng([3, s])
+        cand = rc.make_values(12, 5, rng=rng)
+        for p, n in enumerate([3, 9]):
+            k = rc.make_keys(n, 6, rng=rng)
+            out = k @ (k.T @ cand[:n])  # additive state K^T V read at every key
+            cos = out @ cand.T / np.linalg.norm(out, axis=1, keepdims=True)
+            expected[p] += np.mean(np.argmax(cos, axis=1) == np.arange(n)) / 2
+    assert np.allclose(acc, expected, rtol=0, atol=1e-12)
+
+
+def test_vocabulary_recall_orthonormal_features_are_exact_and_feature_map_widens_the_state():
+    # a feature map into r = d_k^2 dimensions: the state is r x d_v
+    def outer(x):
+        return (x[:, :, None] * x[:, None, :]).reshape(x.shape[0], -1)
+
+    seen = []
+
+    def spy(x):
+        seen.append(outer(x).shape)
+        return outer(x)
+
+    rc.vocabulary_recall("delta", 4, 3, [2], n_candidates=4, n_seeds=1, feature_map=spy)
+    assert seen == [(2, 16)]
+    # with few pairs and wide values nothing is confused
+    assert rc.vocabulary_recall("linear", 16, 64, [2], n_seeds=2)[0] == 1.0
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(mechanism="softmax"), "mechanism"),
+    (dict(n_values=[200]), "n_values"),
+    (dict(feature_map=3), "feature_map"),
+])
+def test_vocabulary_recall_refuses_bad_arguments(kwargs, name):
+    args = dict(mechanism="linear", d_k=4, d_v=4, n_values=[2])
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name):
+        rc.vocabulary_recall(args.pop("mechanism"), args.pop("d_k"), args.pop("d_v"), args.pop("n_values"),
+                             **args)

@@ -18,6 +18,11 @@ __all__ = [
     "check_same_length",
     "check_dim",
     "as_token_sequences",
+    "as_float_batch",
+    "broadcast_leading",
+    "float_dtype",
+    "check_log_gate",
+    "check_real_number",
 ]
 
 
@@ -119,3 +124,75 @@ def as_token_sequences(queries, keys, values, *, min_length: int = 1):
     check_same_length("queries", q, "values", v)
     check_dim(k, "keys", 1, q.shape[1], "d_k, the width of queries")
     return q, k, v
+
+
+def as_float_batch(x, name: str, core: tuple, core_names: tuple | None = None) -> np.ndarray:
+    """``x`` as a float array of shape ``(..., *core)``: any leading axes, then the core axes.
+
+    ``core`` holds the required sizes of the last axes (an int, or ``None`` for any
+    size); ``core_names`` names them in the error message, e.g. ``("T", "d")``.
+    """
+    arr = as_float_array(x, name)
+    names = core_names or tuple("any" if s is None else str(s) for s in core)
+    if arr.ndim < len(core) or any(s is not None and s != a for s, a in
+                                   zip(core, arr.shape[arr.ndim - len(core):])):
+        want = ", ".join(n if s is None or n == str(s) else f"{n}={s}" for n, s in zip(names, core))
+        raise ValueError(f"{name}: expected shape (..., {want}), got shape {arr.shape}")
+    return arr
+
+
+def broadcast_leading(*items) -> tuple:
+    """The broadcast shape of the leading axes of several arrays, or a ``ValueError``.
+
+    Each item is ``(name, array, n_core)``: the array's leading axes are all but its
+    last ``n_core`` axes. The error names the first array whose leading axes do not
+    broadcast with those of the arrays before it.
+    """
+    lead, seen = (), []
+    for name, arr, n_core in items:
+        own = arr.shape[:arr.ndim - n_core]
+        try:
+            lead = np.broadcast_shapes(lead, own)
+        except ValueError:
+            raise ValueError(f"{name}: expected leading axes that broadcast with {lead} (the leading "
+                             f"axes of {', '.join(seen)}), got shape {arr.shape} (leading axes {own})"
+                             ) from None
+        seen.append(name)
+    return lead
+
+
+def float_dtype(*values) -> np.dtype:
+    """The dtype a core computes in and returns: ``np.result_type`` of its floating inputs, at least float32.
+
+    Integer and boolean arrays count as float64; Python ``int`` and ``float`` are weak
+    (a float32 array with ``0.5`` stays float32, as in numpy); ``None`` is skipped.
+    Only float32 or float64 comes out.
+    """
+    kinds = []
+    for v in values:
+        if v is None:
+            continue
+        if type(v) in (int, float):
+            kinds.append(v)
+            continue
+        dt = np.asarray(v).dtype
+        kinds.append(np.float64 if dt.kind in "iub" else dt)
+    dt = np.result_type(*kinds) if kinds else np.dtype(np.float64)
+    return np.dtype(np.float32) if np.promote_types(dt, np.float32) == np.float32 else np.dtype(np.float64)
+
+
+def check_log_gate(x, name: str = "log_gate") -> np.ndarray:
+    """Check log-decays: finite and ``<= 0`` (the decay ``exp(log_gate)`` lies in [0, 1]); return them."""
+    arr = as_float_array(x, name)
+    if arr.size and not np.all(arr <= 0):
+        raise ValueError(f"{name}: expected log-decays <= 0 (the decay is exp({name}), at most 1), "
+                         f"got {float(arr[arr > 0].ravel()[0])!r}")
+    return arr
+
+
+def check_real_number(value, name: str) -> float:
+    """Return ``value`` as a float if it is a finite real number (not a bool), else raise."""
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real)
+            or not np.isfinite(value)):
+        raise ValueError(f"{name}: expected a finite real number, got {_describe(value)}")
+    return float(value)

@@ -33,6 +33,8 @@ __all__ = [
     "kv_cache_bytes",
     "linear_state_numbers",
     "linear_state_bytes",
+    "conv_state_numbers",
+    "conv_state_bytes",
     "softmax_attention_flops",
     "linear_attention_flops",
     "softmax_decode_flops",
@@ -120,6 +122,30 @@ def linear_state_bytes(*, n_layers=1, n_heads=1, d_k, d_v, bytes_per_element=2,
     b = _bytes_per_element(bytes_per_element)
     return linear_state_numbers(n_layers=n_layers, n_heads=n_heads, d_k=d_k, d_v=d_v,
                                 include_normalizer=include_normalizer) * b
+
+
+def conv_state_numbers(*, n_layers=1, kernel_size, conv_dim):
+    """Numbers in the short-convolution buffers of fixed-state layers, equation ``eq-hy-state``.
+
+    A causal depthwise convolution of kernel ``K`` over ``conv_dim`` channels
+    (:func:`fixedstate.blocks.short_conv`) must remember the last ``K - 1`` inputs
+    of every channel to make its next output: ``L * (K - 1) * conv_dim`` numbers.
+    ``kernel_size = 1`` (no convolution over time) keeps none. Independent of the
+    context length.
+    """
+    n_layers = _count(n_layers, "n_layers", minimum=1)
+    kernel_size = _count(kernel_size, "kernel_size", minimum=1)
+    conv_dim = _count(conv_dim, "conv_dim", minimum=1)
+    return n_layers * (kernel_size - 1) * conv_dim
+
+
+def conv_state_bytes(*, n_layers=1, kernel_size, conv_dim, bytes_per_element=2):
+    """Bytes of the short-convolution buffers, equation ``eq-hy-state``.
+
+    :func:`conv_state_numbers` times ``bytes_per_element`` (2 for fp16/bf16, 4 for fp32).
+    """
+    b = _bytes_per_element(bytes_per_element)
+    return conv_state_numbers(n_layers=n_layers, kernel_size=kernel_size, conv_dim=conv_dim) * b
 
 
 def softmax_attention_flops(seq_len, d_k, d_v, *, causal=False):

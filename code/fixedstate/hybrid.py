@@ -13,7 +13,9 @@ the head layout of both kinds of layer, bytes per stored number). From it:
 - :func:`decode_flops_per_token`: the same plus the attention core, which grows
   with the context in the full-attention layers only (equation ``eq-hy-decode-flops``);
 - :func:`stack_kv_cache_bytes` and :func:`stack_state_bytes`: the growing KV cache
-  of the attention layers and the fixed states of the linear ones
+  of the attention layers and the fixed states of the linear ones, their
+  recurrent states (:func:`stack_recurrent_state_bytes`, at their own bytes per
+  number) and short-convolution buffers (:func:`stack_conv_state_bytes`)
   (equations ``eq-hy-kv`` and ``eq-hy-state``);
 - :func:`fit_time_model`, :func:`predicted_tokens_per_second`,
   :func:`attention_time_share`: the two-point model of time per token,
@@ -21,8 +23,8 @@ the head layout of both kinds of layer, bytes per stored number). From it:
   :func:`all_attention_time_model`, its extrapolation to an all-attention twin.
 
 The memory and attention-core counts reuse :mod:`fixedstate.costs`
-(``kv_cache_bytes``, ``linear_state_bytes``, ``softmax_decode_flops``,
-``linear_decode_flops``) rather than re-deriving them.
+(``kv_cache_bytes``, ``linear_state_bytes``, ``conv_state_bytes``,
+``softmax_decode_flops``, ``linear_decode_flops``) rather than re-deriving them.
 
 **What does it do, token by token?** A toy numpy stack with random weights:
 :func:`init_stack` (any layout: hybrid, all-attention, all-linear),
@@ -30,8 +32,10 @@ The memory and attention-core counts reuse :mod:`fixedstate.costs`
 its matrix form, the gated delta rule in its chunkwise form),
 :func:`stack_decode_step` (one token against a KV cache or a fixed state) and
 :func:`stack_decode` (the decode step run over a sequence; a test proves it
-equals :func:`stack_forward`). :func:`synthetic_cache` and
-:func:`measure_decode_seconds` time one decode step at a given context length.
+equals :func:`stack_forward`). The stack is built from :mod:`fixedstate.blocks`
+and calls each core once per layer with the heads as a leading axis.
+:func:`synthetic_cache` gives :func:`fixedstate.timing.measure_decode_seconds`
+a cache of a given context length to time one decode step against.
 
 Shapes: a sequence is ``(T, d_model)``, one token per row; a token is
 ``(d_model,)``. Linear layers keep one state ``S`` of shape ``(d_k, d_v)`` per
@@ -42,15 +46,15 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import costs
 from ._validate import as_float_array, check_dim, check_positive_int
+from .blocks import l2_normalize, linear, mlp, rms_norm, sigmoid, softplus
 from .delta_rule import gated_delta_rule_chunkwise, gated_delta_rule_step
-from .softmax_attention import causal_softmax_attention
+from .softmax_attention import KVCache, softmax_attention, softmax_attention_step
 
 __all__ = [
     "HybridConfig",
@@ -65,6 +69,8 @@ __all__ = [
     "prefill_flops_per_token",
     "decode_flops_per_token",
     "stack_kv_cache_bytes",
+    "stack_recurrent_state_bytes",
+    "stack_conv_state_bytes",
     "stack_state_bytes",
     "fit_time_model",
     "predicted_tokens_per_second",
@@ -73,11 +79,9 @@ __all__ = [
     "init_stack",
     "stack_forward",
     "init_decode_cache",
-    "kv_cache_attend",
     "stack_decode_step",
     "stack_decode",
     "synthetic_cache",
-    "measure_decode_seconds",
 ]
 
 
@@ -103,9 +107,9 @@ def _layout(attention_layers, n_layers: int, name: str = "attention_layers") -> 
     return tuple(sorted(out))
 
 
-def _bytes_per_element(x) -> float:
+def _bytes_per_element(x, name: str = "bytes_per_element") -> float:
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real) or not np.isfinite(x) or x <= 0:
-        raise ValueError(f"bytes_per_element: expected a positive number (2 for bf16, 4 for fp32, "
+        raise ValueError(f"{name}: expected a positive number (2 for bf16, 4 for fp32, "
                          f"0.5 for 4-bit), got {x!r}")
     return int(x) if float(x).is_integer() else float(x)
 
@@ -124,8 +128,18 @@ class HybridConfig:
     value head, one scalar ``beta`` and one scalar gate per value head;
     ``linear_output_gate`` adds a gate projection the size of the values.
     The MLP has ``mlp_matrices`` matrices of ``d_model x d_ff`` (3 for SwiGLU).
-    ``bytes_per_element`` is the width of a stored cache or state number
-    (2 for bf16). Invalid input raises ``ValueError`` naming the field.
+
+    Memory while generating (equations ``eq-hy-kv`` and ``eq-hy-state``):
+    ``bytes_per_element`` is the width of a stored KV-cache number (2 for bf16)
+    and of a short-convolution buffer number; ``state_bytes_per_element`` that of
+    a number of the recurrent states (``None``: the same as ``bytes_per_element``;
+    serving stacks often keep the states in float32, 4). ``conv_kernel_size`` is
+    the kernel ``K`` of the causal short convolution that a linear layer runs over
+    ``conv_dim`` channels before its core; each linear layer then carries the last
+    ``K - 1`` inputs of every channel, ``(K - 1) conv_dim`` numbers (``K = 1``, the
+    default, means no convolution and no buffer). ``conv_dim=None`` means the
+    query, key and value channels of a Gated DeltaNet layer,
+    ``2 H_k d_k + H_v d_v``. Invalid input raises ``ValueError`` naming the field.
     """
 
     n_layers: int
@@ -144,6 +158,9 @@ class HybridConfig:
     linear_output_gate: bool = False
     mlp_matrices: int = 3
     bytes_per_element: float = 2
+    state_bytes_per_element: float | None = None
+    conv_kernel_size: int = 1
+    conv_dim: int | None = None
     name: str = ""
 
     def __post_init__(self):
@@ -162,6 +179,14 @@ class HybridConfig:
             if not isinstance(getattr(self, field), (bool, np.bool_)):
                 raise ValueError(f"{field}: expected True or False, got {getattr(self, field)!r}")
         object.__setattr__(self, "bytes_per_element", _bytes_per_element(self.bytes_per_element))
+        state_bytes = self.bytes_per_element if self.state_bytes_per_element is None \
+            else _bytes_per_element(self.state_bytes_per_element, "state_bytes_per_element")
+        object.__setattr__(self, "state_bytes_per_element", state_bytes)
+        check_positive_int(self.conv_kernel_size, "conv_kernel_size")
+        if self.conv_dim is None:
+            object.__setattr__(self, "conv_dim", 2 * self.n_linear_key_heads * self.linear_key_dim
+                               + self.n_linear_heads * self.linear_value_dim)
+        check_positive_int(self.conv_dim, "conv_dim")
 
     @property
     def linear_layers(self) -> tuple[int, ...]:
@@ -206,23 +231,35 @@ def all_linear(config: HybridConfig) -> HybridConfig:
     return with_layout(config, (), name=f"{config.name} (all linear)".strip())
 
 
-def qwen35_9b_config() -> HybridConfig:
-    """A Qwen3.5-9B-style hybrid: 32 layers, full attention in every 4th.
+def qwen35_9b_config(*, state_bytes_per_element: float = 4, conv_kernel_size: int = 4) -> HybridConfig:
+    """The Qwen3.5 text configuration: 32 layers, full attention in every 4th.
 
-    Layers, hidden size 4096, intermediate size 12288, vocabulary 248,320 and the
-    1-in-4 layout are the published configuration quoted by the chapter's source.
-    The head layout is an assumption in the Qwen3-Next style (16 query heads,
-    4 KV heads of width 256 with an output gate; 16 key heads and 32 value heads
-    of width 128 in the linear layers, with an output gate), chosen because it
-    reproduces the published per-component parameter counts (0.470B full
-    attention, 1.617B linear attention); a test checks that it does.
+    Every size is the default text configuration of Qwen3.5 in Hugging Face
+    ``transformers`` (``Qwen3_5Config().text_config``, which its docstring calls
+    the Qwen3.5-9B style): hidden size 4096, intermediate size 12288, vocabulary
+    248,320, ``full_attention_interval`` 4; attention layers with 16 query heads
+    and 4 KV heads of width 256 and an output gate; Gated DeltaNet layers with
+    16 key heads and 32 value heads of width 128, an output gate, and a short
+    convolution of kernel ``linear_conv_kernel_dim = 4`` over their
+    ``2 * 16 * 128 + 32 * 128 = 8192`` query, key and value channels. It
+    reproduces the per-component parameter counts published by Chumba (2026,
+    ``chumba2026beyond`` in the book's bibliography)
+    (0.470B full attention, 1.617B linear attention); a test checks that it does.
+
+    The KV cache and convolution buffers are counted in bf16 (2 bytes). The
+    recurrent states default to float32 (``state_bytes_per_element=4``), as a
+    serving stack may keep them to limit rounding over long sequences;
+    ``state_bytes_per_element=2,
+    conv_kernel_size=1`` gives the simpler count, bf16 states without buffers.
     """
     return HybridConfig(
         n_layers=32, d_model=4096, d_ff=12288, vocab_size=248_320,
         attention_layers=every_nth_layer(32, 4),
         n_heads=16, n_kv_heads=4, head_dim=256, attention_output_gate=True,
         n_linear_heads=32, n_linear_key_heads=16, linear_key_dim=128, linear_value_dim=128,
-        linear_output_gate=True, mlp_matrices=3, bytes_per_element=2, name="Qwen3.5-9B-style",
+        linear_output_gate=True, mlp_matrices=3, bytes_per_element=2,
+        state_bytes_per_element=state_bytes_per_element, conv_kernel_size=conv_kernel_size,
+        name="Qwen3.5-9B-style",
     )
 
 
@@ -352,10 +389,11 @@ def stack_kv_cache_bytes(config: HybridConfig, context_len):
                                 head_dim=c.head_dim, bytes_per_element=c.bytes_per_element)
 
 
-def stack_state_bytes(config: HybridConfig):
-    """Fixed-state bytes of a stack, equation ``eq-hy-state``: independent of the context.
+def stack_recurrent_state_bytes(config: HybridConfig):
+    """Bytes of the recurrent states of a stack, the first term of equation ``eq-hy-state``.
 
-    One ``(d_k, d_v)`` state per value head per linear layer:
+    One ``(d_k, d_v)`` state per value head per linear layer, at
+    ``state_bytes_per_element``:
     ``costs.linear_state_bytes(n_layers=n_lin, n_heads=H_v, d_k=d_k, d_v=d_v)``;
     0 for an all-attention stack.
     """
@@ -364,7 +402,30 @@ def stack_state_bytes(config: HybridConfig):
         return 0
     return costs.linear_state_bytes(n_layers=c.n_linear_layers, n_heads=c.n_linear_heads,
                                     d_k=c.linear_key_dim, d_v=c.linear_value_dim,
-                                    bytes_per_element=c.bytes_per_element)
+                                    bytes_per_element=c.state_bytes_per_element)
+
+
+def stack_conv_state_bytes(config: HybridConfig):
+    """Bytes of the short-convolution buffers of a stack, the second term of ``eq-hy-state``.
+
+    ``(K - 1) conv_dim`` numbers per linear layer at ``bytes_per_element``:
+    ``costs.conv_state_bytes(n_layers=n_lin, kernel_size=K, conv_dim=conv_dim)``;
+    0 for an all-attention stack or ``conv_kernel_size = 1``.
+    """
+    c = _check_config(config)
+    if c.n_linear_layers == 0:
+        return 0
+    return costs.conv_state_bytes(n_layers=c.n_linear_layers, kernel_size=c.conv_kernel_size,
+                                  conv_dim=c.conv_dim, bytes_per_element=c.bytes_per_element)
+
+
+def stack_state_bytes(config: HybridConfig):
+    """Fixed-state bytes of a stack, equation ``eq-hy-state``: independent of the context.
+
+    :func:`stack_recurrent_state_bytes` plus :func:`stack_conv_state_bytes`;
+    0 for an all-attention stack.
+    """
+    return stack_recurrent_state_bytes(config) + stack_conv_state_bytes(config)
 
 
 # ---------------------------------------------------------------------------
@@ -453,28 +514,18 @@ def all_attention_time_model(config: HybridConfig, a: float, b: float) -> tuple[
 # A toy numpy stack
 # ---------------------------------------------------------------------------
 
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def _rms_norm(x, eps=1e-6):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-
-
-def _l2_normalize(x, eps=1e-12):
-    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
-
-
 def init_stack(n_layers: int, d_model: int, n_heads: int, attention_layers, *, d_ff: int = 0,
                seed: int = 0, dtype=np.float64, gate_bias: float = 3.0) -> dict:
     """Random weights for a toy stack of ``n_layers`` pre-norm residual blocks.
 
     Each block is ``x + W_o mix(norm(x))`` followed, when ``d_ff > 0``, by
-    ``x + W_2 silu(W_1 norm(x))``. Layers in ``attention_layers`` mix with causal
-    softmax attention (``n_heads`` heads of width ``d_model / n_heads``); the
-    others with the gated delta rule (same heads; keys and queries L2-normalised,
-    ``beta = sigmoid(x W_beta)`` and ``gate = sigmoid(x W_gate + gate_bias)``, one
-    each per head). Weights are Gaussian with variance ``1 / fan_in``.
+    ``x + mlp(norm(x))`` (:func:`fixedstate.blocks.mlp`, ``silu(x W_1) W_2``).
+    Layers in ``attention_layers`` mix with causal softmax attention
+    (``n_heads`` heads of width ``d_model / n_heads``); the others with the
+    gated delta rule (same heads; keys and queries L2-normalised,
+    ``beta = sigmoid(x W_beta)`` and the decay ``g = sigmoid(x W_gate + gate_bias)``,
+    passed as ``log_gate = log g``, one each per head). Weights are Gaussian with
+    variance ``1 / fan_in``.
 
     Returns a dict with ``n_heads``, ``attention_layers`` (sorted tuple) and
     ``layers`` (a list of dicts of arrays). ``ValueError`` if a size is not a
@@ -520,33 +571,43 @@ def _check_params(params) -> dict:
     return params
 
 
-def _project(layer, h, n_heads):
-    """Queries, keys, values (..., H, d_h) and, for linear layers, betas and gates (..., H)."""
-    d_h = h.shape[-1] // n_heads
-    split = h.shape[:-1] + (n_heads, d_h)
-    q = (h @ layer["W_q"]).reshape(split)
-    k = (h @ layer["W_k"]).reshape(split)
-    v = (h @ layer["W_v"]).reshape(split)
+def _split_heads(x, n_heads: int):
+    """``(..., H * d_h)`` -> heads first: ``(T, H d_h)`` -> ``(H, T, d_h)``, ``(H d_h,)`` -> ``(H, d_h)``."""
+    heads = x.reshape(x.shape[:-1] + (n_heads, -1))
+    return heads if x.ndim == 1 else heads.swapaxes(0, 1)
+
+
+def _merge_heads(o):
+    """The inverse of :func:`_split_heads`: ``(H, T, d_h)`` -> ``(T, H d_h)``, ``(H, d_h)`` -> ``(H d_h,)``."""
+    return o.reshape(-1) if o.ndim == 2 else o.swapaxes(0, 1).reshape(o.shape[1], -1)
+
+
+def _mixer_inputs(layer, h, n_heads):
+    """Queries, keys, values with the heads first (``(H, T, d_h)`` or ``(H, d_h)``) and, for a
+    linear layer, ``beta`` and ``log_gate`` (``(H, T)`` or ``(H,)``); built from :mod:`fixedstate.blocks`."""
+    q, k, v = (_split_heads(linear(h, layer[name]), n_heads) for name in ("W_q", "W_k", "W_v"))
     if layer["kind"] == "attention":
-        return q, k, v, None, None
-    q, k = _l2_normalize(q), _l2_normalize(k)
-    beta = _sigmoid(h @ layer["W_beta"])
-    gate = _sigmoid(h @ layer["W_gate"] + layer["b_gate"])
-    return q, k, v, beta, gate
+        return q, k, v, None
+    gates = {"beta": sigmoid(linear(h, layer["W_beta"])).T,           # (T, H) -> (H, T); (H,) stays
+             # log sigmoid(z) = -softplus(-z): the log-decay, <= 0, with no overflow
+             "log_gate": -softplus(-linear(h, layer["W_gate"], layer["b_gate"])).T}
+    return l2_normalize(q), l2_normalize(k), v, gates
 
 
-def _mlp(layer, x):
-    if "W_1" not in layer:
-        return x
-    u = _rms_norm(x) @ layer["W_1"]
-    return x + (u * _sigmoid(u)) @ layer["W_2"]
+def _block(layer, x, mixed):
+    """The residual around the mixer, then the MLP block (if the layer has one)."""
+    x = x + linear(_merge_heads(mixed), layer["W_o"])
+    if "W_1" in layer:
+        x = x + mlp(rms_norm(x), layer["W_1"], layer["W_2"])
+    return x
 
 
 def stack_forward(params: dict, inputs, *, chunk_size: int = 64) -> np.ndarray:
     """Run the stack over a whole sequence at once (the parallel form).
 
-    Attention layers use :func:`fixedstate.softmax_attention.causal_softmax_attention`
-    (scale ``1/sqrt(d_h)``); linear layers use
+    Every head of a layer in one call, the heads as the leading axis: attention
+    layers use :func:`fixedstate.softmax_attention.softmax_attention` (causal,
+    scale ``1/sqrt(d_h)``); linear layers use
     :func:`fixedstate.delta_rule.gated_delta_rule_chunkwise` (scale ``1/sqrt(d_h)``,
     zero initial state). ``inputs``: ``(T, d_model)``; returns ``(T, d_model)``.
     """
@@ -555,95 +616,60 @@ def stack_forward(params: dict, inputs, *, chunk_size: int = 64) -> np.ndarray:
     check_dim(x, "inputs", 1, params["d_model"], "d_model of the stack")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     n_heads = params["n_heads"]
-    d_h = params["d_model"] // n_heads
-    scale = 1.0 / np.sqrt(d_h)
+    scale = 1.0 / np.sqrt(params["d_model"] // n_heads)
     for layer in params["layers"]:
-        h = _rms_norm(x)
-        q, k, v, beta, gate = _project(layer, h, n_heads)
-        heads = []
-        for j in range(n_heads):
-            if layer["kind"] == "attention":
-                heads.append(causal_softmax_attention(q[:, j], k[:, j], v[:, j], scale=scale))
-            else:
-                out, _ = gated_delta_rule_chunkwise(q[:, j], k[:, j], v[:, j], beta[:, j], gate[:, j],
-                                                    scale=scale, chunk_size=chunk_size)
-                heads.append(out)
-        x = x + np.concatenate(heads, axis=-1) @ layer["W_o"]
-        x = _mlp(layer, x)
+        q, k, v, gates = _mixer_inputs(layer, rms_norm(x), n_heads)
+        if gates is None:
+            mixed, _ = softmax_attention(q, k, v, causal=True, scale=scale)
+        else:
+            mixed, _ = gated_delta_rule_chunkwise(q, k, v, **gates, scale=scale, chunk_size=chunk_size)
+        x = _block(layer, x, mixed)
     return x
 
 
-def _empty_kv(n_heads: int, d_h: int, capacity: int, dtype) -> dict:
-    return {"keys": np.zeros((n_heads, capacity, d_h), dtype=dtype),
-            "values": np.zeros((n_heads, capacity, d_h), dtype=dtype), "length": 0}
-
-
-def init_decode_cache(params: dict, *, capacity: int = 256) -> list:
+def init_decode_cache(params: dict) -> list:
     """An empty decode cache, one entry per layer.
 
-    Attention layers: a dict with preallocated ``keys`` and ``values`` of shape
-    ``(H, capacity, d_h)`` and the number of filled rows ``length`` (0); the
-    buffers double when full. Linear layers: zero states ``(H, d_h, d_h)``.
+    Attention layers: an empty :class:`fixedstate.softmax_attention.KVCache` of
+    all ``H`` heads (keys and values ``(H, 0, d_h)``; its buffers grow by doubling,
+    so an append is amortised O(1)). Linear layers: zero states ``(H, d_h, d_h)``.
     """
-    params = _check_params(params)
-    capacity = check_positive_int(capacity, "capacity")
+    return _decode_cache(_check_params(params), 0, rng=None)
+
+
+def _decode_cache(params, context_len, rng):
+    """One cache entry per layer for ``context_len`` earlier tokens: zeros, or random with ``rng``."""
     n_heads = params["n_heads"]
     d_h = params["d_model"] // n_heads
     cache = []
     for layer in params["layers"]:
         dtype = layer["W_q"].dtype
         if layer["kind"] == "attention":
-            cache.append(_empty_kv(n_heads, d_h, capacity, dtype))
-        else:
+            shape = (n_heads, context_len, d_h)
+            if rng is None:
+                keys, values = np.zeros(shape, dtype=dtype), np.zeros(shape, dtype=dtype)
+            else:
+                keys, values = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+            cache.append(KVCache(keys, values))
+        elif rng is None:
             cache.append(np.zeros((n_heads, d_h, d_h), dtype=dtype))
+        else:
+            cache.append((rng.standard_normal((n_heads, d_h, d_h)) / d_h).astype(dtype))
     return cache
-
-
-def kv_cache_attend(entry: dict, queries, keys, values, *, scale: float) -> np.ndarray:
-    """Append one token's keys and values to a preallocated KV cache and attend, ``eq-sm-decode``.
-
-    The computation of :func:`fixedstate.softmax_attention.softmax_decode_step`
-    for all ``H`` heads at once, with the cache kept in buffers that grow by
-    doubling instead of being copied at every step (a test checks that the two
-    agree). ``entry``: a dict from :func:`init_decode_cache` (modified in place);
-    ``queries``, ``keys``, ``values``: ``(H, d_h)``. Returns ``(H, d_h)``.
-    """
-    if not isinstance(entry, dict) or not {"keys", "values", "length"} <= set(entry):
-        raise ValueError("entry: expected a KV-cache dict from init_decode_cache (keys, values, "
-                         f"length), got {type(entry).__name__}")
-    n_heads, _, d_h = entry["keys"].shape
-    queries = as_float_array(queries, "queries", ndim=2, shape=(n_heads, d_h))
-    keys = as_float_array(keys, "keys", ndim=2, shape=(n_heads, d_h))
-    values = as_float_array(values, "values", ndim=2, shape=(n_heads, entry["values"].shape[2]))
-    n = entry["length"]
-    if n == entry["keys"].shape[1]:
-        for name in ("keys", "values"):
-            old = entry[name]
-            grown = np.zeros((old.shape[0], 2 * max(old.shape[1], 1), old.shape[2]), dtype=old.dtype)
-            grown[:, :n] = old[:, :n]
-            entry[name] = grown
-    entry["keys"][:, n] = keys
-    entry["values"][:, n] = values
-    entry["length"] = n + 1
-    cached_k = entry["keys"][:, : n + 1]
-    cached_v = entry["values"][:, : n + 1]
-    scores = np.einsum("hnd,hd->hn", cached_k, queries) * scale
-    weights = np.exp(scores - scores.max(axis=1, keepdims=True))
-    weights /= weights.sum(axis=1, keepdims=True)
-    return np.einsum("hn,hnd->hd", weights, cached_v)
 
 
 def stack_decode_step(params: dict, token, cache: list):
     """One token through the stack, the sequential form of :func:`stack_forward`.
 
-    Attention layers append the token's keys and values to their KV cache and
-    attend over it (:func:`kv_cache_attend`, the computation of
-    :func:`fixedstate.softmax_attention.softmax_decode_step`); linear layers call
-    :func:`fixedstate.delta_rule.gated_delta_rule_step` on their ``(d_h, d_h)``
-    state per head. ``token``: ``(d_model,)``; ``cache``: from
-    :func:`init_decode_cache` or a previous step. Returns ``(output (d_model,),
-    cache)``: the KV caches are updated in place (as a serving system does), the
-    linear states are replaced by new arrays.
+    Every head of a layer in one call, the heads as the leading axis: attention
+    layers call :func:`fixedstate.softmax_attention.softmax_attention_step`
+    (append the token's keys and values to the KV cache, amortised O(1), and
+    attend over it); linear layers call
+    :func:`fixedstate.delta_rule.gated_delta_rule_step` on their ``(H, d_h, d_h)``
+    states. ``token``: ``(d_model,)``; ``cache``: from :func:`init_decode_cache`
+    or a previous step. Returns ``(output (d_model,), cache)``: the list
+    ``cache`` is updated in place (each entry replaced by the layer's new
+    cache or state), as a serving system does.
     """
     params = _check_params(params)
     x = as_float_array(token, "token", ndim=1, shape=(params["d_model"],))
@@ -651,24 +677,14 @@ def stack_decode_step(params: dict, token, cache: list):
         raise ValueError(f"cache: expected a list with one entry per layer "
                          f"({len(params['layers'])}), got {type(cache).__name__}")
     n_heads = params["n_heads"]
-    d_h = params["d_model"] // n_heads
-    scale = 1.0 / np.sqrt(d_h)
+    scale = 1.0 / np.sqrt(params["d_model"] // n_heads)
     for i, layer in enumerate(params["layers"]):
-        h = _rms_norm(x)
-        q, k, v, beta, gate = _project(layer, h, n_heads)
-        if layer["kind"] == "attention":
-            mixed = kv_cache_attend(cache[i], q, k, v, scale=scale).reshape(-1)
+        q, k, v, gates = _mixer_inputs(layer, rms_norm(x), n_heads)
+        if gates is None:
+            mixed, cache[i] = softmax_attention_step(q, k, v, scale=scale, initial_state=cache[i])
         else:
-            state = np.empty_like(cache[i])
-            heads = []
-            for j in range(n_heads):
-                out, state[j] = gated_delta_rule_step(cache[i][j], q[j], k[j], v[j], beta[j], gate[j],
-                                                      scale=scale)
-                heads.append(out)
-            cache[i] = state
-            mixed = np.concatenate(heads)
-        x = x + mixed @ layer["W_o"]
-        x = _mlp(layer, x)
+            mixed, cache[i] = gated_delta_rule_step(q, k, v, **gates, scale=scale, initial_state=cache[i])
+        x = _block(layer, x, mixed)
     return x, cache
 
 
@@ -693,54 +709,15 @@ def stack_decode(params: dict, inputs, cache: list | None = None):
 def synthetic_cache(params: dict, context_len: int, *, seed: int = 0) -> list:
     """A decode cache of the right sizes for ``context_len`` earlier tokens, random contents.
 
-    For timing only: the work of a decode step depends on the sizes of the KV
-    caches (``context_len`` rows per head) and states (fixed), not on their
-    contents, and a real prefill of an all-attention stack at 16k tokens would
-    take far longer than the measurement. Keys are random Gaussian rows, values
-    too; states are random with entries of size ``1/d_h``.
+    For timing only (:func:`fixedstate.timing.measure_decode_seconds`): the work
+    of a decode step depends on the sizes of the KV caches (``context_len`` rows
+    per head) and states (fixed), not on their contents, and a real prefill of
+    an all-attention stack at 16k tokens would take far longer than the
+    measurement. Keys are random Gaussian rows, values too; states are random
+    with entries of size ``1/d_h``. The KV caches are full: the first step
+    after this one reallocates them with twice the rows (once; the steps after
+    it append in place).
     """
     params = _check_params(params)
     context_len = check_positive_int(context_len, "context_len", minimum=0)
-    rng = np.random.default_rng(seed)
-    n_heads = params["n_heads"]
-    d_h = params["d_model"] // n_heads
-    cache = []
-    for layer in params["layers"]:
-        dtype = layer["W_q"].dtype
-        if layer["kind"] == "attention":
-            entry = _empty_kv(n_heads, d_h, context_len + 64, dtype)
-            entry["keys"][:, :context_len] = rng.standard_normal((n_heads, context_len, d_h))
-            entry["values"][:, :context_len] = rng.standard_normal((n_heads, context_len, d_h))
-            entry["length"] = context_len
-            cache.append(entry)
-        else:
-            cache.append((rng.standard_normal((n_heads, d_h, d_h)) / d_h).astype(dtype))
-    return cache
-
-
-def measure_decode_seconds(params: dict, context_lengths, *, n_steps: int = 5, seed: int = 0) -> np.ndarray:
-    """Fastest wall-clock seconds of one :func:`stack_decode_step` at each context length.
-
-    For each length a :func:`synthetic_cache` is built, then ``n_steps`` decode
-    steps are timed one at a time (each step continues from the previous one's
-    cache); the fastest is kept, the usual defence against other work on the machine.
-    Machine-dependent. Returns an array shaped like ``context_lengths``.
-    """
-    params = _check_params(params)
-    lengths = [check_positive_int(n, "context_lengths", minimum=0)
-               for n in np.atleast_1d(np.asarray(context_lengths)).tolist()]
-    n_steps = check_positive_int(n_steps, "n_steps")
-    rng = np.random.default_rng(seed)
-    out = []
-    for n in lengths:
-        cache = synthetic_cache(params, n, seed=seed)
-        token = rng.standard_normal(params["d_model"]).astype(params["layers"][0]["W_q"].dtype)
-        stack_decode_step(params, token, cache)  # warm-up
-        times = []
-        for _ in range(n_steps):
-            start = time.perf_counter()
-            token, cache = stack_decode_step(params, token, cache)
-            times.append(time.perf_counter() - start)
-            token = _rms_norm(token)
-        out.append(float(np.min(times)))
-    return np.reshape(np.array(out), np.shape(context_lengths))
+    return _decode_cache(params, context_len, rng=np.random.default_rng(seed))

@@ -2,28 +2,34 @@
 
 Shapes and conventions (chapter ``chap-linear-attention``):
 
-- ``queries, keys``: ``(T, d_k)``; ``values``: ``(T, d_v)``; one token per row.
-- A feature map ``phi`` sends an array ``(n, d_k)`` to ``(n, r)`` row by row
-  (``r = d_k`` for :func:`elu_plus_one` and :func:`identity_feature_map`).
-- The state is ``S`` of shape ``(r, d_v)``, written ``S + phi(k) v^T`` and read
-  ``S^T phi(q)``; the normalizer is ``z`` of shape ``(r,)``, written ``z + phi(k)``
-  and read ``phi(q) . z``. The readout of token ``t`` uses the state *including*
-  token ``t`` (equations ``eq-la-recurrent`` and ``eq-la-readout``).
-- ``normalize=True`` divides by ``max(phi(q) . z, eps)`` (equation ``eq-la-kernel``);
-  ``normalize=False`` returns the numerator only, but the normalizer is still
-  tracked and returned.
-- No ``1/sqrt(d_k)`` scale is applied.
+- ``q, k``: ``(..., T, d_k)``; ``v``: ``(..., T, d_v)``; one token per row, with any
+  leading axes (batch, heads, ...) that broadcast together by numpy's rules.
+- A feature map ``phi`` sends an array ``(..., d_k)`` to ``(..., r)`` along the last
+  axis (``r = d_k`` for :func:`elu_plus_one` and :func:`identity_feature_map`).
+- The state is ``S`` of shape ``(..., r, d_v)``, written ``S + phi(k) v^T`` and read
+  ``S^T phi(q)``. The readout of token ``t`` uses the state *including* token ``t``
+  (equations ``eq-la-recurrent`` and ``eq-la-readout``).
+- ``normalize=True`` divides by ``max(phi(q) . z, eps)`` (equation ``eq-la-kernel``),
+  where the normaliser ``z = sum_j phi(k_j)`` lives in the state: the state is then
+  ``(..., r, d_v + 1)`` and its last column is ``z``, because the normaliser is the
+  state of a constant value 1 appended to every value. ``normalize=False`` returns
+  the numerator only, and the state is ``(..., r, d_v)``.
+- The output is multiplied by ``scale`` (default 1: no ``1/sqrt(d_k)`` scale).
 
-The four forms (parallel, recurrent, chunkwise, one-token decode) compute the
-same numbers; ``tests/test_linear_attention.py`` proves it to a relative error
-of 1e-10 in float64.
+Every form takes ``q, k, v`` positionally and ``feature_map, normalize, eps,
+scale, initial_state`` (and ``chunk_size``) by keyword, and returns
+``(outputs, final_state)``. The parallel, recurrent, chunkwise and one-token
+forms compute the same numbers; ``tests/test_linear_attention.py`` proves it to
+a relative error of 1e-10 in float64, and against the reference token loop
+:func:`linear_attention_loop`. float32 in gives float32 out.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, as_token_sequences, check_dim, check_positive_int, check_same_length
+from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_dim, check_positive_int,
+                        check_real_number, check_same_length, float_dtype)
 
 __all__ = [
     "elu_plus_one",
@@ -31,7 +37,8 @@ __all__ = [
     "linear_attention_parallel",
     "linear_attention_recurrent",
     "linear_attention_chunkwise",
-    "linear_attention_decode_step",
+    "linear_attention_step",
+    "linear_attention_loop",
     "softmax_kernel",
     "draw_favor_projection",
     "favor_plus_features",
@@ -46,7 +53,8 @@ def elu_plus_one(x):
     """The feature map ``phi(x) = elu(x) + 1`` of equation ``eq-la-elu``, applied entrywise.
 
     ``x + 1`` for ``x > 0`` and ``exp(x)`` otherwise: strictly positive, smooth, and
-    close to the identity shifted by one for positive inputs. Any shape in, same shape out.
+    close to the identity shifted by one for positive inputs. Any shape in, same
+    shape and precision out.
     """
     arr = as_float_array(x, "x")
     return np.where(arr > 0, arr + 1.0, np.exp(np.minimum(arr, 0.0)))
@@ -64,11 +72,12 @@ def identity_feature_map(x):
 
 def _apply_feature_map(feature_map, x: np.ndarray, name: str, normalize: bool) -> np.ndarray:
     if not callable(feature_map):
-        raise ValueError(f"feature_map: expected a callable mapping (n, d_k) to (n, r), "
+        raise ValueError(f"feature_map: expected a callable mapping (..., d_k) to (..., r), "
                          f"got {feature_map!r}")
     out = np.asarray(feature_map(x))
-    if out.ndim != 2 or out.shape[0] != x.shape[0] or out.dtype.kind not in "iuf":
-        raise ValueError(f"feature_map: expected a real array of shape ({x.shape[0]}, r) when "
+    if out.ndim != x.ndim or out.shape[:-1] != x.shape[:-1] or out.dtype.kind not in "iuf":
+        want = "(" + ", ".join(str(n) for n in x.shape[:-1]) + (", " if x.ndim > 1 else "") + "r)"
+        raise ValueError(f"feature_map: expected a real array of shape {want} when "
                          f"applied to {name} of shape {x.shape}, got "
                          f"{'shape ' + str(out.shape) if out.ndim else repr(out)} dtype {out.dtype}")
     if not np.all(np.isfinite(out)):
@@ -89,40 +98,74 @@ def _check_flags(normalize, eps) -> float:
     return float(eps_arr)
 
 
-def _prepare(queries, keys, values, feature_map, normalize, initial_state, initial_normalizer, eps):
+def _prepare(q, k, v, feature_map, normalize, eps, scale, initial_state, *, tokens=True, one_sequence=False):
+    """Validate; return ``lead, phi(q), phi(k), v, initial_state, eps, scale`` cast to one dtype.
+
+    ``initial_state`` is None or broadcast to the leading axes. With ``normalize``
+    the values get the constant 1 appended as a last column, so that the state's
+    last column is the normaliser.
+    """
     eps = _check_flags(normalize, eps)
-    q, k, v = as_token_sequences(queries, keys, values)
-    phi_q = _apply_feature_map(feature_map, q, "queries", normalize)
-    phi_k = _apply_feature_map(feature_map, k, "keys", normalize)
-    r = phi_k.shape[1]
-    check_dim(phi_q, "feature_map", 1, r, "r, the feature width it gave the keys")
-    dtype = np.result_type(q, k, v, phi_q, phi_k)
-    if initial_state is None:
-        s0 = np.zeros((r, v.shape[1]), dtype=dtype)
-    else:
-        s0 = as_float_array(initial_state, "initial_state", ndim=2, shape=(r, v.shape[1]))
-    if initial_normalizer is None:
-        z0 = np.zeros(r, dtype=dtype)
-    else:
-        z0 = as_float_array(initial_normalizer, "initial_normalizer", ndim=1, shape=(r,))
-        if normalize and np.any(z0 < 0):
-            raise ValueError("initial_normalizer: expected non-negative entries with normalize=True "
-                             f"(it is a sum of features phi(k)), got {float(z0.min())!r}")
-    dtype = np.result_type(dtype, s0, z0)
-    cast = lambda a: a.astype(dtype, copy=False)  # noqa: E731
-    return cast(phi_q), cast(phi_k), cast(v), cast(s0).copy(), cast(z0).copy(), eps
+    scale = check_real_number(scale, "scale")
+    dtype = float_dtype(q, k, v, initial_state)
+    tok = ("T",) if tokens else ()
+    n = len(tok) + 1
+    q = as_float_batch(q, "q", (None,) * n, tok + ("d_k",))
+    if tokens and q.shape[-2] < 1:
+        raise ValueError(f"q: expected at least one token (shape (..., T, d_k) with T >= 1), got shape {q.shape}")
+    tsize = q.shape[-2:-1] if tokens else ()
+    k = as_float_batch(k, "k", tsize + (q.shape[-1],), tok + ("d_k",))
+    v = as_float_batch(v, "v", tsize + (None,), tok + ("d_v",))
+    phi_q = _apply_feature_map(feature_map, q, "q", normalize)
+    phi_k = _apply_feature_map(feature_map, k, "k", normalize)
+    r = phi_k.shape[-1]
+    check_dim(phi_q, "feature_map", -1, r, "r, the feature width it gave k")
+    items = [("q", q, n), ("k", k, n), ("v", v, n)]
+    width = v.shape[-1] + 1 if normalize else v.shape[-1]
+    if initial_state is not None:
+        initial_state = as_float_batch(initial_state, "initial_state", (r, width),
+                                       ("r", "d_v + 1 (the last column is z)" if normalize else "d_v"))
+        if normalize and np.any(initial_state[..., -1] < 0):
+            raise ValueError("initial_state: expected a non-negative last column with normalize=True "
+                             "(it is the normaliser z, a sum of features phi(k)), got "
+                             f"{float(initial_state[..., -1].min())!r}")
+        items.append(("initial_state", initial_state, 2))
+    lead = broadcast_leading(*items)
+    if one_sequence and lead:
+        raise ValueError(f"q: the reference loop takes one sequence (T, d_k) with no leading axes, got "
+                         f"leading axes {lead} (use the other forms for batches)")
+    dtype = np.result_type(dtype, phi_q, phi_k)
+    cast = lambda a: None if a is None else a.astype(dtype, copy=False)  # noqa: E731
+    phi_q, phi_k, v, initial_state = cast(phi_q), cast(phi_k), cast(v), cast(initial_state)
+    if initial_state is not None and initial_state.shape[:-2] != lead:
+        initial_state = np.broadcast_to(initial_state, lead + initial_state.shape[-2:])
+    return lead, phi_q, phi_k, v, initial_state, eps, scale
 
 
-def _readout(numerator, denominator, normalize: bool, eps: float):
+def _with_ones(v, normalize):
+    """The values with a constant 1 appended when normalizing: its state is the normaliser z."""
     if not normalize:
-        return numerator
-    return numerator / np.maximum(denominator, eps)[..., None]
+        return v
+    return np.concatenate([v, np.ones(v.shape[:-1] + (1,), dtype=v.dtype)], axis=-1)
+
+
+def _readout(numerator, normalize: bool, eps: float, scale: float):
+    """Outputs from ``S^T phi(q)``: divide by the last column ``phi(q) . z`` when normalizing, then scale."""
+    if normalize:
+        numerator = numerator[..., :-1] / np.maximum(numerator[..., -1:], eps)
+    return numerator * numerator.dtype.type(scale) if scale != 1.0 else numerator
+
+
+def _full_state(state, lead):
+    """The state, with the leading axes of all inputs (a state that does not depend on q is repeated)."""
+    shape = lead + state.shape[-2:]
+    return state if state.shape == shape else np.broadcast_to(state, shape).copy()
 
 
 # ---------------------------------------------------------------- the four forms
 
-def linear_attention_parallel(queries, keys, values, *, feature_map=elu_plus_one, normalize=True,
-                              initial_state=None, initial_normalizer=None, eps=1e-12):
+def linear_attention_parallel(q, k, v, *, feature_map=elu_plus_one, normalize=True, eps=1e-12,
+                              scale=1.0, initial_state=None):
     """The parallel (masked matrix) form of causal linear attention, equation ``eq-la-parallel``.
 
     ``O = (M * (phi(Q) phi(K)^T)) V + phi(Q) S_0``, divided row by row by
@@ -131,123 +174,144 @@ def linear_attention_parallel(queries, keys, values, *, feature_map=elu_plus_one
 
     Parameters
     ----------
-    queries, keys : arrays ``(T, d_k)``; values : array ``(T, d_v)``
-    feature_map : callable ``(n, d_k) -> (n, r)``; default :func:`elu_plus_one`
+    q, k : arrays ``(..., T, d_k)``; v : array ``(..., T, d_v)``
+    feature_map : callable ``(..., d_k) -> (..., r)``; default :func:`elu_plus_one`
     normalize : bool
-    initial_state : array ``(r, d_v)`` or None (zeros)
-    initial_normalizer : array ``(r,)`` or None (zeros)
     eps : positive float, the floor of the denominator
+    scale : number multiplying the outputs (default 1)
+    initial_state : array ``(..., r, d_v + 1)`` (``normalize=True``, last column the
+        normaliser ``z``) or ``(..., r, d_v)`` (``normalize=False``), or None (zeros)
 
     Returns
     -------
-    outputs : array ``(T, d_v)``
+    outputs : array ``(..., T, d_v)``
+    state : array ``(..., r, d_v + 1)`` or ``(..., r, d_v)``, after the last token
     """
-    phi_q, phi_k, v, s0, z0, eps = _prepare(queries, keys, values, feature_map, normalize,
-                                            initial_state, initial_normalizer, eps)
-    weights = np.tril(phi_q @ phi_k.T)                    # (T, T), entry (t, j) = phi(q_t).phi(k_j)
-    numerator = weights @ v + phi_q @ s0
-    denominator = weights.sum(axis=1) + phi_q @ z0
-    return _readout(numerator, denominator, normalize, eps)
+    lead, phi_q, phi_k, v, s0, eps, scale = _prepare(q, k, v, feature_map, normalize, eps, scale,
+                                                     initial_state)
+    v = _with_ones(v, normalize)                          # the last column of ones carries z
+    weights = np.tril(phi_q @ phi_k.swapaxes(-1, -2))     # (..., T, T), entry (t, j) = phi(q_t).phi(k_j)
+    numerator = weights @ v
+    state = phi_k.swapaxes(-1, -2) @ v                    # sum_j phi(k_j) v_j^T
+    if s0 is not None:
+        numerator = numerator + phi_q @ s0
+        state = state + s0
+    return _readout(numerator, normalize, eps, scale), _full_state(state, lead)
 
 
-def linear_attention_recurrent(queries, keys, values, *, feature_map=elu_plus_one, normalize=True,
-                               initial_state=None, initial_normalizer=None, eps=1e-12):
-    """The recurrent form, equations ``eq-la-recurrent`` and ``eq-la-readout``: the reference loop.
+def linear_attention_recurrent(q, k, v, *, feature_map=elu_plus_one, normalize=True, eps=1e-12,
+                               scale=1.0, initial_state=None):
+    """The recurrent form, equations ``eq-la-recurrent`` and ``eq-la-readout``.
 
     ``S_t = S_{t-1} + phi(k_t) v_t^T``, ``z_t = z_{t-1} + phi(k_t)``,
-    ``o_t = S_t^T phi(q_t) / (phi(q_t) . z_t)`` (no division when ``normalize=False``).
+    ``o_t = S_t^T phi(q_t) / (phi(q_t) . z_t)`` (no division when ``normalize=False``),
+    one token at a time, vectorised over the leading axes.
 
-    Arguments as :func:`linear_attention_parallel`. Returns ``(outputs (T, d_v),
-    state (r, d_v), normalizer (r,))``, the last two after the final token.
+    Arguments and results as :func:`linear_attention_parallel`.
     """
-    phi_q, phi_k, v, state, normalizer, eps = _prepare(queries, keys, values, feature_map, normalize,
-                                                       initial_state, initial_normalizer, eps)
-    outputs = np.empty((phi_q.shape[0], v.shape[1]), dtype=v.dtype)
-    for t in range(phi_q.shape[0]):
-        state += np.outer(phi_k[t], v[t])                 # write: S_t = S_{t-1} + phi(k_t) v_t^T
-        normalizer += phi_k[t]                            #        z_t = z_{t-1} + phi(k_t)
-        outputs[t] = _readout(state.T @ phi_q[t], phi_q[t] @ normalizer, normalize, eps)
-    return outputs, state, normalizer
+    lead, phi_q, phi_k, v, s0, eps, scale = _prepare(q, k, v, feature_map, normalize, eps, scale,
+                                                     initial_state)
+    v = _with_ones(v, normalize)
+    r, width, T = phi_k.shape[-1], v.shape[-1], v.shape[-2]
+    state = np.zeros(lead + (r, width), dtype=v.dtype) if s0 is None else s0.copy()
+    numerator = np.empty(lead + (T, width), dtype=v.dtype)
+    for t in range(T):
+        state += phi_k[..., t, :, None] * v[..., t, None, :]              # S_t = S_{t-1} + phi(k_t) v_t^T
+        numerator[..., t, :] = (phi_q[..., t, None, :] @ state)[..., 0, :]  # S_t^T phi(q_t)
+    return _readout(numerator, normalize, eps, scale), state
 
 
-def linear_attention_chunkwise(queries, keys, values, *, feature_map=elu_plus_one, normalize=True,
-                               initial_state=None, initial_normalizer=None, eps=1e-12,
-                               chunk_size=64):
+def linear_attention_chunkwise(q, k, v, *, feature_map=elu_plus_one, normalize=True, eps=1e-12,
+                               scale=1.0, initial_state=None, chunk_size=64):
     """The chunkwise form, equation ``eq-la-chunkwise``.
 
     Inside a chunk of ``C`` tokens, the masked product of the parallel form; between
     chunks, the state carried as in the recurrent form:
     ``O_[c] = (M * (phi(Q_[c]) phi(K_[c])^T)) V_[c] + phi(Q_[c]) S_[c-1]`` and
-    ``S_[c] = S_[c-1] + phi(K_[c])^T V_[c]`` (the normalizer likewise, with a
-    column of ones in place of ``V``). The last chunk may be shorter.
+    ``S_[c] = S_[c-1] + phi(K_[c])^T V_[c]`` (the normaliser likewise, as the
+    column of ones appended to ``V``). The last chunk may be shorter.
 
-    Arguments as :func:`linear_attention_parallel`, plus ``chunk_size >= 1``.
-    Returns ``(outputs (T, d_v), state (r, d_v), normalizer (r,))``.
+    Arguments and results as :func:`linear_attention_parallel`, plus ``chunk_size >= 1``.
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
-    phi_q, phi_k, v, state, normalizer, eps = _prepare(queries, keys, values, feature_map, normalize,
-                                                       initial_state, initial_normalizer, eps)
-    outputs = np.empty((phi_q.shape[0], v.shape[1]), dtype=v.dtype)
-    for start in range(0, phi_q.shape[0], chunk_size):
+    lead, phi_q, phi_k, v, s0, eps, scale = _prepare(q, k, v, feature_map, normalize, eps, scale,
+                                                     initial_state)
+    v = _with_ones(v, normalize)
+    r, width, T = phi_k.shape[-1], v.shape[-1], v.shape[-2]
+    state = np.zeros(lead + (r, width), dtype=v.dtype) if s0 is None else s0.copy()
+    numerator = np.empty(lead + (T, width), dtype=v.dtype)
+    for start in range(0, T, chunk_size):
         sl = slice(start, start + chunk_size)
-        qc, kc, vc = phi_q[sl], phi_k[sl], v[sl]
-        weights = np.tril(qc @ kc.T)                      # within the chunk
-        numerator = weights @ vc + qc @ state             # + what earlier chunks left in the state
-        denominator = weights.sum(axis=1) + qc @ normalizer
-        outputs[sl] = _readout(numerator, denominator, normalize, eps)
-        state += kc.T @ vc                                # carry the chunk into the state
-        normalizer += kc.sum(axis=0)
-    return outputs, state, normalizer
+        qc, kc, vc = phi_q[..., sl, :], phi_k[..., sl, :], v[..., sl, :]
+        weights = np.tril(qc @ kc.swapaxes(-1, -2))                   # within the chunk
+        numerator[..., sl, :] = weights @ vc + qc @ state             # + what earlier chunks left
+        state += kc.swapaxes(-1, -2) @ vc                             # carry the chunk into the state
+    return _readout(numerator, normalize, eps, scale), state
 
 
-def linear_attention_decode_step(state, normalizer, query, key, value, *, feature_map=elu_plus_one,
-                                 normalize=True, eps=1e-12):
+def linear_attention_step(q, k, v, *, feature_map=elu_plus_one, normalize=True, eps=1e-12, scale=1.0,
+                          initial_state=None):
     """One generated token with a fixed-size state, equations ``eq-la-recurrent`` and ``eq-la-readout``.
 
     Parameters
     ----------
-    state : array ``(r, d_v)``; normalizer : array ``(r,)``
-        The state and normalizer after the earlier tokens (zeros before the first).
-    query, key : arrays ``(d_k,)``; value : array ``(d_v,)``
-    feature_map, normalize, eps : as :func:`linear_attention_parallel`
+    q, k : arrays ``(..., d_k)``; v : array ``(..., d_v)``
+    feature_map, normalize, eps, scale : as :func:`linear_attention_parallel`
+    initial_state : the state after the earlier tokens, ``(..., r, d_v + 1)``
+        (``normalize=True``, last column ``z``) or ``(..., r, d_v)``; None means zeros
 
     Returns
     -------
-    output : array ``(d_v,)``, read from the state *after* this token's write
-    state : array ``(r, d_v)``; normalizer : array ``(r,)``
-        New arrays (the ones passed in are not modified).
+    o : array ``(..., d_v)``, read from the state *after* this token's write
+    state : the new state (the one passed in is not modified)
     """
-    eps = _check_flags(normalize, eps)
-    q = as_float_array(query, "query", ndim=1)
-    k = as_float_array(key, "key", ndim=1, shape=(q.shape[0],))
-    v = as_float_array(value, "value", ndim=1)
-    phi_q = _apply_feature_map(feature_map, q[None, :], "query", normalize)[0]
-    phi_k = _apply_feature_map(feature_map, k[None, :], "key", normalize)[0]
-    r = phi_k.shape[0]
-    check_dim(phi_q[None, :], "feature_map", 1, r, "r, the feature width it gave the key")
-    s = as_float_array(state, "state", ndim=2, shape=(r, v.shape[0]))
-    z = as_float_array(normalizer, "normalizer", ndim=1, shape=(r,))
-    if normalize and np.any(z < 0):
-        raise ValueError("normalizer: expected non-negative entries with normalize=True "
-                         f"(it is a sum of features phi(k)), got {float(z.min())!r}")
-    new_state = s + np.outer(phi_k, v)
-    new_normalizer = z + phi_k
-    output = _readout(new_state.T @ phi_q, phi_q @ new_normalizer, normalize, eps)
-    return output, new_state, new_normalizer
+    lead, phi_q, phi_k, v, s0, eps, scale = _prepare(q, k, v, feature_map, normalize, eps, scale,
+                                                     initial_state, tokens=False)
+    v = _with_ones(v, normalize)
+    state = phi_k[..., :, None] * v[..., None, :]                     # phi(k) v^T
+    if s0 is not None:
+        state = s0 + state
+    state = _full_state(state, lead)
+    numerator = (phi_q[..., None, :] @ state)[..., 0, :]
+    return _readout(numerator, normalize, eps, scale), state
+
+
+def linear_attention_loop(q, k, v, *, feature_map=elu_plus_one, normalize=True, eps=1e-12, scale=1.0,
+                          initial_state=None):
+    """The reference token loop for one sequence, equations ``eq-la-recurrent`` and ``eq-la-readout``.
+
+    ``q, k`` (T, d_k), ``v`` (T, d_v), no leading axes; the other arguments and
+    the results as :func:`linear_attention_recurrent`. Written to be read beside
+    the equations; the tests check every other form against it.
+    """
+    _, phi_q, phi_k, v, state_0, eps, scale = _prepare(q, k, v, feature_map, normalize, eps, scale,
+                                                       initial_state, one_sequence=True)
+    (T, d_v), r = v.shape, phi_k.shape[1]         # phi_q, phi_k: (T, r), every query and key through phi
+    S = np.zeros((r, d_v), dtype=v.dtype) if state_0 is None else state_0[:, :d_v]            # S_0
+    z = np.zeros(r, dtype=v.dtype) if state_0 is None or not normalize else state_0[:, d_v]   # z_0
+    o = np.empty_like(v)
+    for t in range(T):
+        S = S + np.outer(phi_k[t], v[t])          # eq-la-recurrent: S_t = S_{t-1} + phi(k_t) v_t^T
+        z = z + phi_k[t]                          #                  z_t = z_{t-1} + phi(k_t)
+        o[t] = S.T @ phi_q[t]                     # eq-la-readout: S_t^T phi(q_t) ...
+        if normalize:
+            o[t] /= max(phi_q[t] @ z, eps)        # ... divided by phi(q_t)^T z_t (at least eps)
+    state = np.column_stack([S, z]) if normalize else S   # the package keeps z as the last column
+    return scale * o, state
 
 
 # ---------------------------------------------------------------- Performer (FAVOR+)
 
-def softmax_kernel(queries, keys):
+def softmax_kernel(q, k):
     """The softmax kernel ``exp(q . k)`` for every pair, equation ``eq-la-softmax-kernel``.
 
-    ``queries (n, d)``, ``keys (m, d)`` -> ``(n, m)``. (Apply ``d**-0.25`` to both
+    ``q (..., n, d)``, ``k (..., m, d)`` -> ``(..., n, m)``. (Apply ``d**-0.25`` to both
     to get the ``exp(q . k / sqrt(d))`` of scaled attention.)
     """
-    q = as_float_array(queries, "queries", ndim=2)
-    k = as_float_array(keys, "keys", ndim=2)
-    check_dim(k, "keys", 1, q.shape[1], "d, the width of queries")
-    return np.exp(q @ k.T)
+    q = as_float_batch(q, "q", (None, None), ("n", "d"))
+    k = as_float_batch(k, "k", (None, q.shape[-1]), ("m", "d"))
+    broadcast_leading(("q", q, 2), ("k", k, 2))
+    return np.exp(q @ k.swapaxes(-1, -2))
 
 
 def draw_favor_projection(d, n_features, rng, orthogonal=True):
@@ -283,10 +347,10 @@ def favor_plus_features(x, projection):
 
     ``phi(x) = exp(W x - |x|^2 / 2) / sqrt(m)`` for ``W`` of shape ``(m, d)``, so that
     ``E[phi(q) . phi(k)] = exp(q . k)`` when the rows of ``W`` are standard
-    Gaussian. Every feature is positive. ``x``: ``(n, d)`` (or ``(d,)``) -> ``(n, m)``
-    (or ``(m,)``). Use as ``feature_map=lambda a: favor_plus_features(a, W)``.
+    Gaussian. Every feature is positive. ``x``: ``(..., d)`` -> ``(..., m)``.
+    Use as ``feature_map=lambda a: favor_plus_features(a, W)``.
     """
-    arr = as_float_array(x, "x", ndim=(1, 2))
+    arr = as_float_batch(x, "x", (None,), ("d",))
     w = as_float_array(projection, "projection", ndim=2)
     check_dim(w, "projection", 1, arr.shape[-1], "d, the width of x")
     sq = 0.5 * np.sum(arr * arr, axis=-1, keepdims=True)
@@ -308,25 +372,25 @@ def draw_linformer_projection(seq_len, proj_len, rng):
     return rng.standard_normal((proj_len, seq_len)) / np.sqrt(proj_len)
 
 
-def linformer_attention(queries, keys, values, proj_k, proj_v, *, scale=None):
+def linformer_attention(q, k, v, proj_k, proj_v, *, scale=None):
     """Linformer attention (bidirectional), equation ``eq-la-linformer``.
 
     ``softmax(scale * Q (E K)^T) (F V)`` with ``E = proj_k`` and ``F = proj_v`` of shape
     ``(k, T)``: the ``T`` keys and values are mixed down to ``k`` along the sequence,
     so the score matrix is ``(T, k)`` instead of ``(T, T)``. Every output row sees
-    every token, so the layer is not causal.
+    every token, so the layer is not causal, and it has no state to return.
 
-    ``queries, keys``: ``(T, d_k)``; ``values``: ``(T, d_v)``; result ``(T, d_v)``.
+    ``q, k``: ``(T, d_k)``; ``v``: ``(T, d_v)``; result ``(T, d_v)``.
     ``scale=None`` means ``1/sqrt(d_k)``.
     """
     from .softmax_attention import _row_softmax, _scale
 
-    q = as_float_array(queries, "queries", ndim=2)
-    k = as_float_array(keys, "keys", ndim=2)
-    v = as_float_array(values, "values", ndim=2)
-    check_same_length("queries", q, "keys", k)
-    check_same_length("queries", q, "values", v)
-    check_dim(k, "keys", 1, q.shape[1], "d_k, the width of queries")
+    q = as_float_array(q, "q", ndim=2)
+    k = as_float_array(k, "k", ndim=2)
+    v = as_float_array(v, "v", ndim=2)
+    check_same_length("q", q, "k", k, axis=0)
+    check_same_length("q", q, "v", v, axis=0)
+    check_dim(k, "k", 1, q.shape[1], "d_k, the width of q")
     e = as_float_array(proj_k, "proj_k", ndim=2, shape=(None, q.shape[0]))
     f = as_float_array(proj_v, "proj_v", ndim=2, shape=(e.shape[0], q.shape[0]))
     if e.shape[0] < 1:

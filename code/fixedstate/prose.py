@@ -57,7 +57,9 @@ def round_to_format(value, fmt: str):
     if kind == "f":
         return round(x, precision)
     if kind == "%":
-        return round(x, precision + 2)
+        # format() multiplies by 100 in floating point before rounding, so round the same way
+        shown = format(x, f".{precision}%")
+        return float(shown[:-1]) / 100
     shown = format(x, f".{precision}{kind}")        # 'e' and 'g': significant digits
     return float(shown)
 

@@ -22,8 +22,8 @@ The four fixed-state memories are ``(d_k, d_v)`` arrays read out as
 ``o = S^T q`` (``eq-rc-readout``). The writes go through the package's own layers
 (:mod:`fixedstate.softmax_attention`, :mod:`fixedstate.linear_attention`,
 :mod:`fixedstate.delta_rule`, :mod:`fixedstate.ssm`); :func:`capacity_curve` uses
-a batched form of the same recurrences (all seeds at once, every prefix length
-from one pass), and the tests prove the two agree.
+the same layers with a leading batch axis (all seeds at once, every prefix
+length from one pass), and the tests prove the two agree.
 
 Contents:
 
@@ -32,10 +32,17 @@ Contents:
 - :func:`write_memory`, :func:`read_memory`, :func:`recall_pairs`: one experiment.
 - :func:`crosstalk`: the interference term that additive writes leave (``eq-rc-crosstalk``).
 - :func:`capacity_curve`: recall accuracy against ``N / d_k``, averaged over seeds.
+- :func:`vocabulary_recall`: accuracy when the answer is decoded from a vocabulary
+  of candidate values (nearest by cosine), optionally through a feature map.
 - :func:`make_mqar`, :func:`mqar_answers`, :func:`score_mqar`: the multi-query
   associative recall task of Zoology (Arora et al., 2024).
-- :func:`lab_update`, :func:`time_lab_update`, :func:`draw_lab`,
-  :func:`draw_capacity`: what the chapter's sliders recompute and draw.
+- :func:`lab_n_values`, :func:`lab_update`: what the chapter's sliders recompute
+  (drawn by :mod:`fixedstate.figures.recall`, timed by
+  :func:`fixedstate.timing.time_lab_update`).
+
+Decays: the public parameter ``gate`` is the decay ``g`` in ``(0, 1]`` that the
+chapter's sliders show; the cores take log-decays, so every call passes
+``log_gate = log(g)`` (``g = exp(log g)``).
 """
 
 from __future__ import annotations
@@ -46,6 +53,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._validate import as_float_array, check_dim, check_interval, check_positive_int, check_same_length
+from .blocks import embedding
+from .delta_rule import delta_rule_recurrent, gated_delta_rule_recurrent
+from .linear_attention import identity_feature_map, linear_attention_recurrent
+from .softmax_attention import KVCache, softmax_attention, softmax_attention_step
+from .ssm import selective_scan_sequential
 
 __all__ = [
     "MECHANISMS",
@@ -64,11 +76,9 @@ __all__ = [
     "MQARBatch",
     "mqar_answers",
     "score_mqar",
+    "vocabulary_recall",
     "lab_n_values",
     "lab_update",
-    "time_lab_update",
-    "draw_lab",
-    "draw_capacity",
 ]
 
 MECHANISMS = ("softmax", "linear", "delta", "gated_delta", "ssm")
@@ -222,6 +232,33 @@ def _pairs(keys, values):
     return k.astype(np.float64), v.astype(np.float64)
 
 
+def _run_fixed_state(mechanism, queries, keys, values, *, beta, gate, step=None, initial_state=None):
+    """Run a fixed-state memory over a sequence through the package's layer.
+
+    ``queries``, ``keys``: ``(..., n, d_k)``; ``values``: ``(..., n, d_v)``; any
+    leading axes (the cores broadcast them). ``beta`` and ``gate`` (the decay in
+    (0, 1]) are numbers; ``step`` is the SSM's step size ``(..., n)`` (default 1).
+    Returns ``(outputs (..., n, d_v), S (..., d_k, d_v))``; ``initial_state`` is
+    an ``S`` of that shape, or None for zeros.
+    """
+    n, d_k, d_v = keys.shape[-2], keys.shape[-1], values.shape[-1]
+    if mechanism == "linear":
+        return linear_attention_recurrent(queries, keys, values, feature_map=identity_feature_map,
+                                          normalize=False, initial_state=initial_state)
+    if mechanism == "ssm":
+        # x = v, B = k, C = q, A = log(gate) in every entry: h = exp(step A) h + step v k^T, S = h^T
+        delta = np.ones(values.shape) if step is None else np.broadcast_to(step[..., None], values.shape)
+        h0 = None if initial_state is None else np.swapaxes(initial_state, -1, -2)
+        out, h = selective_scan_sequential(values, delta, np.full((d_v, d_k), np.log(gate)), keys, queries,
+                                           initial_state=h0)
+        return out, np.swapaxes(h, -1, -2)
+    betas = np.full(n, beta)
+    if mechanism == "delta":
+        return delta_rule_recurrent(queries, keys, values, beta=betas, initial_state=initial_state)
+    return gated_delta_rule_recurrent(queries, keys, values, beta=betas, log_gate=np.full(n, np.log(gate)),
+                                      initial_state=initial_state)
+
+
 def write_memory(mechanism, keys, values, *, beta=1.0, gate=0.9, passes=1):
     """Write the pairs ``(k_i, v_i)`` in order into a fresh memory, through the package's layer.
 
@@ -229,14 +266,15 @@ def write_memory(mechanism, keys, values, *, beta=1.0, gate=0.9, passes=1):
     the delta rule with ``beta = 1`` and unit keys each pass is one sweep of the
     Kaczmarz method for ``K S = V``, equation ``eq-rc-kaczmarz``).
 
-    - ``"softmax"``: the KV cache, grown by :func:`fixedstate.softmax_attention.softmax_decode_step`;
-      returns the tuple ``(keys (N, d_k), values (N, d_v))``.
+    - ``"softmax"``: the KV cache, grown one pair at a time by
+      :func:`fixedstate.softmax_attention.softmax_attention_step`; returns the
+      tuple ``(keys (N, d_k), values (N, d_v))`` of the cached pairs.
     - ``"linear"``: :func:`fixedstate.linear_attention.linear_attention_recurrent` with the
       identity feature map and no normalizer: ``S = sum_i k_i v_i^T`` (``eq-rc-additive``).
     - ``"delta"``: :func:`fixedstate.delta_rule.delta_rule_recurrent` with every
       ``beta_i = beta`` (``eq-rc-delta``).
     - ``"gated_delta"``: :func:`fixedstate.delta_rule.gated_delta_rule_recurrent`
-      with every ``beta_i = beta`` and every gate ``gate`` (``eq-rc-gated``).
+      with every ``beta_i = beta`` and every log-gate ``log(gate)`` (``eq-rc-gated``).
     - ``"ssm"``: :func:`fixedstate.ssm.selective_scan_sequential` with ``x = values``,
       ``B = keys``, step ``delta = 1`` and ``A = log(gate)`` in every entry, so
       ``h = gate h + v k^T``; the state returned is ``S = h^T`` (``eq-rc-ssm``).
@@ -250,30 +288,12 @@ def write_memory(mechanism, keys, values, *, beta=1.0, gate=0.9, passes=1):
     passes = check_positive_int(passes, "passes")
     if passes > 1:
         k, v = np.tile(k, (passes, 1)), np.tile(v, (passes, 1))
-    n = k.shape[0]
     if mechanism == "softmax":
-        from .softmax_attention import softmax_decode_step
         cache = None
-        for i in range(n):
-            _, cache = softmax_decode_step(k[i], k[i], v[i], cache)
-        return cache
-    if mechanism == "linear":
-        from .linear_attention import identity_feature_map, linear_attention_recurrent
-        _, state, _ = linear_attention_recurrent(k, k, v, feature_map=identity_feature_map,
-                                                 normalize=False)
-        return np.asarray(state, dtype=np.float64)
-    if mechanism == "ssm":
-        from .ssm import selective_scan_sequential
-        d_k, d_v = k.shape[1], v.shape[1]
-        _, h = selective_scan_sequential(v, np.ones((n, d_v)), np.full((d_v, d_k), np.log(gate)),
-                                         k, k, return_state=True)
-        return np.asarray(h, dtype=np.float64).T.copy()
-    from . import delta_rule
-    betas = np.full(n, beta)
-    if mechanism == "delta":
-        _, state = delta_rule.delta_rule_recurrent(k, k, v, betas)
-    else:
-        _, state = delta_rule.gated_delta_rule_recurrent(k, k, v, betas, np.full(n, gate))
+        for i in range(k.shape[0]):
+            _, cache = softmax_attention_step(k[i], k[i], v[i], initial_state=cache)
+        return cache.keys.copy(), cache.values.copy()
+    _, state = _run_fixed_state(mechanism, k, k, v, beta=beta, gate=gate)
     return np.asarray(state, dtype=np.float64)
 
 
@@ -284,27 +304,21 @@ def read_memory(mechanism, memory, queries, *, temperature=0.01) -> np.ndarray:
     (``(M, d_k)`` -> ``(M, d_v)``). Softmax: ``o = sum_j softmax_j(q . k_j /
     temperature) v_j`` over the whole cache (``eq-rc-softmax``), computed with
     :func:`fixedstate.softmax_attention.softmax_attention` (non-causal, every query
-    sees every cached key).
+    sees every cached key). The softmax memory is the pair ``(keys, values)`` that
+    :func:`write_memory` returns, or a :class:`~fixedstate.softmax_attention.KVCache`.
     """
     mechanism = _mechanism(mechanism)
     temperature = _positive(temperature, "temperature")
     if mechanism == "softmax":
+        if isinstance(memory, KVCache):
+            memory = tuple(memory)
         if not isinstance(memory, (tuple, list)) or len(memory) != 2:
             raise ValueError("memory: expected the softmax cache, a tuple (keys (N, d_k), values (N, d_v)), "
                              f"got {type(memory).__name__}")
         ck, cv = _pairs(memory[0], memory[1])
         q = as_float_array(queries, "queries", ndim=2)
         check_dim(q, "queries", 1, ck.shape[1], "d_k, the width of the cached keys")
-        from .softmax_attention import softmax_attention
-        n, m = ck.shape[0], q.shape[0]
-        out = np.empty((m, cv.shape[1]))
-        # softmax_attention pairs T queries with T keys: read in blocks of n queries
-        for start in range(0, m, n):
-            block = q[start:start + n]
-            padded = np.zeros((n, q.shape[1]))
-            padded[:block.shape[0]] = block
-            res = softmax_attention(padded, ck, cv, causal=False, scale=1.0 / temperature)
-            out[start:start + block.shape[0]] = res[:block.shape[0]]
+        out, _ = softmax_attention(q, ck, cv, causal=False, scale=1.0 / temperature)
         return out
     state = as_float_array(memory, "memory", ndim=2)
     q = as_float_array(queries, "queries", ndim=2)
@@ -381,14 +395,16 @@ def crosstalk(keys, values) -> np.ndarray:
 # ----------------------------------------------------------------------------
 
 def batched_final_states(mechanism, keys, values, *, beta=1.0, gate=0.9, checkpoints=None):
-    """The fixed-state recurrences for a batch of independent sequences at once.
+    """The fixed-state memories of a batch of independent sequences at once.
 
     ``keys``: ``(B, N, d_k)``; ``values``: ``(B, N, d_v)``. Returns the states
     ``(B, d_k, d_v)`` after all ``N`` writes or, with ``checkpoints`` (a sorted
     list of prefix lengths), a list of such states, one after each prefix.
-    Same recurrences as ``eq-rc-additive``, ``eq-rc-delta``, ``eq-rc-gated`` and ``eq-rc-ssm``
-    (decay first, then the delta correction with the decayed state); a test
-    proves it equals the package's layers sequence by sequence.
+    The writes are those of :func:`write_memory` (``eq-rc-additive``,
+    ``eq-rc-delta``, ``eq-rc-gated``, ``eq-rc-ssm``), made by the same layers with
+    the batch as a leading axis; the sequence is cut at the checkpoints and each
+    piece continues from the state the previous one left (``initial_state``),
+    so every prefix comes from one pass.
     """
     mechanism = _mechanism(mechanism)
     if mechanism == "softmax":
@@ -400,27 +416,17 @@ def batched_final_states(mechanism, keys, values, *, beta=1.0, gate=0.9, checkpo
         raise ValueError(f"values: expected the batch and length of keys {k.shape[:2]}, got shape {v.shape}")
     beta = _unit_interval(beta, "beta", low_closed=False)
     gate = _unit_interval(gate, "gate", low_closed=False)
-    b, n, d_k = k.shape
+    n = k.shape[1]
     marks = [n] if checkpoints is None else list(checkpoints)
     if any(not 1 <= m <= n for m in marks) or sorted(marks) != marks:
         raise ValueError(f"checkpoints: expected sorted prefix lengths in [1, {n}], got {marks}")
-    states = []
-    state = np.zeros((b, d_k, v.shape[2]))
-    want = set(marks)
-    for t in range(n):
-        kt, vt = k[:, t, :], v[:, t, :]
-        if mechanism == "linear":
-            state += kt[:, :, None] * vt[:, None, :]
-        elif mechanism == "ssm":
-            state *= gate
-            state += kt[:, :, None] * vt[:, None, :]
-        else:
-            if mechanism == "gated_delta":
-                state *= gate
-            predicted = (kt[:, None, :] @ state)[:, 0, :]
-            state += beta * kt[:, :, None] * (vt - predicted)[:, None, :]
-        if t + 1 in want:
-            states.append(state.copy())
+    states, state, done = [], None, 0
+    for m in marks:
+        if m > done:
+            _, state = _run_fixed_state(mechanism, k[:, done:m], k[:, done:m], v[:, done:m], beta=beta,
+                                        gate=gate, initial_state=state)
+            done = m
+        states.append(np.array(state, dtype=np.float64))
     return states if checkpoints is not None else states[0]
 
 
@@ -492,30 +498,27 @@ def capacity_curve(d_k, n_values, *, mechanisms=MECHANISMS, d_v=None, overlap=0.
     keys = np.stack([make_keys(n_max, d_k, overlap=rho, rng=rng) for _ in range(n_seeds)])
     values = _random_unit(rng, (n_seeds, n_max, d_v))
     marks = [int(x) for x in ns]
-    gram = keys @ keys.transpose(0, 2, 1)
     # contiguous prefixes: numpy's batched matmul is slow on strided views
-    prefix = {n: (np.ascontiguousarray(gram[:, :n, :n]), np.ascontiguousarray(keys[:, :n, :]),
-                  np.ascontiguousarray(values[:, :n, :])) for n in marks}
+    prefix = {n: (np.ascontiguousarray(keys[:, :n, :]), np.ascontiguousarray(values[:, :n, :]))
+              for n in marks}
     curve = CapacityCurve(d_k, d_v, ns.astype(int), ns / d_k)
     for mech in mechanisms:
-        if mech == "softmax" or mech == "linear":
+        if mech == "softmax":
             states = None
-        elif passes == 1:
+        elif passes == 1 or mech == "linear":
             states = batched_final_states(mech, keys, values, beta=beta, gate=gate, checkpoints=marks)
         else:
-            states = [batched_final_states(mech, np.tile(prefix[n][1], (1, passes, 1)),
-                                           np.tile(prefix[n][2], (1, passes, 1)), beta=beta, gate=gate)
+            states = [batched_final_states(mech, np.tile(prefix[n][0], (1, passes, 1)),
+                                           np.tile(prefix[n][1], (1, passes, 1)), beta=beta, gate=gate)
                       for n in marks]
         acc = np.empty((n_seeds, len(marks)))
         err = np.empty((n_seeds, len(marks)))
         for p, n in enumerate(marks):
-            g, k_n, vals = prefix[n]
+            k_n, vals = prefix[n]
             if mech == "softmax":
-                scores = g / temperature
-                w = np.exp(scores - scores.max(axis=2, keepdims=True))
-                recalled = (w / w.sum(axis=2, keepdims=True)) @ vals
+                recalled, _ = softmax_attention(k_n, k_n, vals, causal=False, scale=1.0 / temperature)
             elif mech == "linear":
-                recalled = passes * (g @ vals)  # read of S = passes K^T V at every key
+                recalled = passes * (k_n @ states[p])  # writing the pairs `passes` times adds S that often
             else:
                 recalled = k_n @ states[p]
             sims = recalled @ vals.transpose(0, 2, 1)  # unit values: nearest = largest dot
@@ -525,6 +528,49 @@ def capacity_curve(d_k, n_values, *, mechanisms=MECHANISMS, d_v=None, overlap=0.
         curve.error[mech] = err.mean(axis=0)
         curve.per_seed_accuracy[mech] = acc
     return curve
+
+
+def vocabulary_recall(mechanism, d_k, d_v, n_values, *, n_candidates=128, n_seeds=8, seed=0,
+                      feature_map=None, beta=1.0, gate=0.9) -> np.ndarray:
+    """Recall accuracy when the answer is decoded from a vocabulary of candidate values.
+
+    For each seed, ``n_candidates`` random unit values of width ``d_v`` form the
+    vocabulary; the first ``N`` of them are written under ``N`` random unit keys
+    of width ``d_k`` (:func:`write_memory`), every key is read back
+    (``eq-rc-readout``), and the answer counts as right when the candidate with the
+    largest cosine to the output is the value written under that key. With
+    ``feature_map`` (a callable ``(N, d_k) -> (N, r)``) the memory stores
+    ``phi(k)`` instead of ``k`` and is read at ``phi(k)``: its state is ``r x d_v``.
+    ``mechanism`` is a fixed-state memory (not ``"softmax"``).
+
+    Returns the mean accuracy over the seeds, an array shaped like ``n_values``.
+    """
+    mechanism = _mechanism(mechanism)
+    if mechanism == "softmax":
+        raise ValueError(f"mechanism: expected a fixed-state memory, one of {FIXED_STATE}, got 'softmax'")
+    d_k = check_positive_int(d_k, "d_k")
+    d_v = check_positive_int(d_v, "d_v")
+    n_candidates = check_positive_int(n_candidates, "n_candidates")
+    n_seeds = check_positive_int(n_seeds, "n_seeds")
+    ns = [check_positive_int(n, "n_values") for n in np.atleast_1d(np.asarray(n_values)).tolist()]
+    if max(ns) > n_candidates:
+        raise ValueError(f"n_values: expected at most n_candidates = {n_candidates} pairs (each pair "
+                         f"stores a distinct candidate), got {max(ns)}")
+    if feature_map is not None and not callable(feature_map):
+        raise ValueError(f"feature_map: expected a callable (N, d_k) -> (N, r) or None, got {feature_map!r}")
+    acc = np.zeros(len(ns))
+    for s in range(n_seeds):
+        rng = np.random.default_rng([int(seed), s])
+        candidates = make_values(n_candidates, d_v, rng=rng)
+        for p, n in enumerate(ns):
+            keys = make_keys(n, d_k, rng=rng)
+            if feature_map is not None:
+                keys = as_float_array(feature_map(keys), "feature_map", ndim=2)
+            out = read_memory(mechanism, write_memory(mechanism, keys, candidates[:n], beta=beta, gate=gate), keys)
+            # cosine with every candidate: the candidates have length one, so divide by |out| only
+            cos = (out @ candidates.T) / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-300)
+            acc[p] += np.mean(np.argmax(cos, axis=1) == np.arange(n))
+    return acc / n_seeds
 
 
 # ----------------------------------------------------------------------------
@@ -629,10 +675,17 @@ def mqar_answers(mechanism, batch: MQARBatch, *, d_k, d_v=None, temperature=0.01
     ``t``): the previous-token shift that Zoology's analysis of recall relies on,
     hard-coded. It queries with the key embedding of token ``t``, and the
     answer is the value token whose embedding is nearest to the output. The layer
-    runs causally over the whole sequence with the package's layers. The gated
+    runs causally over the whole batch at once with the package's layers (the
+    batch is their leading axis). The gated
     delta rule decays at every token (filler included); the ``"ssm"`` memory is
     made selective by hand: its step ``delta`` is 1 where a pair is written and
     ``1e-9`` elsewhere, so it decays only when it writes.
+
+    Every position writes, queries included: a query bigram ``k v`` that repeats
+    an earlier pair writes that pair again before later queries read the state.
+    For the delta rule a repeated write makes its pair exact again; for additive
+    writes it doubles the pair and its crosstalk. Chapter 5 measures how much of
+    the delta rule's MQAR lead this accounts for.
 
     Returns ``(B, T)`` predicted token ids (-1 where the query is a zero vector).
     """
@@ -649,39 +702,20 @@ def mqar_answers(mechanism, batch: MQARBatch, *, d_k, d_v=None, temperature=0.01
     emb_v = np.zeros((batch.vocab_size, d_v))
     emb_v[batch.value_tokens] = _random_unit(rng, (batch.value_tokens.size, d_v))
     b, t_len = tokens.shape
-    preds = np.full((b, t_len), -1, dtype=np.int64)
-    for s in range(b):
-        tok = tokens[s]
-        q = emb_k[tok]
-        k = np.vstack([np.zeros((1, d_k)), emb_k[tok[:-1]]])
-        v = emb_v[tok]
-        if mechanism == "softmax":
-            from .softmax_attention import causal_softmax_attention
-            out = causal_softmax_attention(q, k, v, scale=1.0 / temperature)
-        elif mechanism == "linear":
-            from .linear_attention import identity_feature_map, linear_attention_recurrent
-            out, _, _ = linear_attention_recurrent(q, k, v, feature_map=identity_feature_map,
-                                                   normalize=False)
-        elif mechanism == "ssm":
-            from .ssm import selective_scan_sequential
-            # selectivity, hand-wired: a full step where a pair is written, a step of
-            # 1e-9 elsewhere (no decay, no write)
-            writes = np.any(k != 0, axis=1)
-            step = np.where(writes, 1.0, 1e-9)[:, None] * np.ones((1, d_v))
-            y = selective_scan_sequential(v, step, np.full((d_v, d_k), np.log(gate)), k, q)
-            out = y
-        else:
-            from . import delta_rule
-            betas = np.full(t_len, beta)
-            if mechanism == "delta":
-                out, _ = delta_rule.delta_rule_recurrent(q, k, v, betas)
-            else:
-                out, _ = delta_rule.gated_delta_rule_recurrent(q, k, v, betas, np.full(t_len, gate))
-        out = np.asarray(out, dtype=np.float64)
-        sims = out @ emb_v[batch.value_tokens].T
-        answer = batch.value_tokens[np.argmax(sims, axis=1)]
-        preds[s] = np.where(np.any(q != 0, axis=1), answer, -1)
-    return preds
+    # every sequence at once: the cores take the batch as a leading axis
+    q = embedding(tokens, emb_k)  # (B, T, d_k)
+    k = np.concatenate([np.zeros((b, 1, d_k)), q[:, :-1]], axis=1)  # key of the previous token
+    v = embedding(tokens, emb_v)  # (B, T, d_v)
+    if mechanism == "softmax":
+        out, _ = softmax_attention(q, k, v, causal=True, scale=1.0 / temperature)
+    else:
+        # the SSM's selectivity, hand-wired: a full step where a pair is written, a step of
+        # 1e-9 elsewhere (no decay, no write)
+        step = np.where(np.any(k != 0, axis=-1), 1.0, 1e-9)
+        out, _ = _run_fixed_state(mechanism, q, k, v, beta=beta, gate=gate, step=step)
+    sims = np.asarray(out, dtype=np.float64) @ emb_v[batch.value_tokens].T
+    answer = batch.value_tokens[np.argmax(sims, axis=-1)]
+    return np.where(np.any(q != 0, axis=-1), answer, -1).astype(np.int64)
 
 
 def score_mqar(predictions, targets) -> float:
@@ -702,15 +736,8 @@ def score_mqar(predictions, targets) -> float:
 
 
 # ----------------------------------------------------------------------------
-# the lab: what one slider move recomputes, and its figures
+# the lab: what one slider move recomputes (drawn by fixedstate.figures.recall)
 # ----------------------------------------------------------------------------
-
-LAB_MECHANISM_LABELS = {"softmax": "softmax (full KV cache)", "linear": "additive linear attention",
-                        "delta": "delta rule", "gated_delta": "gated delta rule",
-                        "ssm": "diagonal SSM (decay + add)"}
-LAB_COLORS = {"softmax": "black", "linear": "tab:orange", "delta": "tab:blue",
-              "gated_delta": "tab:green", "ssm": "tab:purple"}
-
 
 def lab_n_values(d_k, max_ratio=4) -> np.ndarray:
     """The numbers of pairs on the lab's capacity axis: 12 points from ``N = 1`` to ``max_ratio * d_k``."""
@@ -719,106 +746,26 @@ def lab_n_values(d_k, max_ratio=4) -> np.ndarray:
     return np.unique(np.round(np.geomspace(1, max_ratio * d_k, 12)).astype(int))
 
 
-def lab_update(mechanism, n_pairs, d_k, overlap, *, seed=0, n_seeds=8, temperature=0.01, beta=1.0,
-               gate=0.9):
+def lab_update(mechanism, n_pairs, d_k, overlap, *, d_v=None, seed=0, n_seeds=8, temperature=0.01,
+               beta=1.0, gate=0.9):
     """Everything the lab recomputes when a slider moves.
 
     One experiment (:func:`recall_pairs` through the package's layers) with
     ``n_pairs`` random unit keys of width ``d_k`` and overlap ``overlap`` and
-    values of width ``d_v = d_k``, and the capacity curves of every mechanism
-    (:func:`capacity_curve` over :func:`lab_n_values`, ``n_seeds`` seeds).
+    random unit values of width ``d_v`` (default ``d_k``; the state is
+    ``d_k x d_v``), and the capacity curves of every mechanism
+    (:func:`capacity_curve` over :func:`lab_n_values`, ``n_seeds`` seeds, same ``d_v``).
 
     Returns ``(result, curve)``: a :class:`RecallResult` and a :class:`CapacityCurve`.
     """
     mechanism = _mechanism(mechanism)
     n = check_positive_int(n_pairs, "n_pairs")
     d_k = check_positive_int(d_k, "d_k")
+    d_v = d_k if d_v is None else check_positive_int(d_v, "d_v")
     rng = np.random.default_rng(seed)
     keys = make_keys(n, d_k, overlap=overlap, rng=rng)
-    values = make_values(n, d_k, rng=rng)
+    values = make_values(n, d_v, rng=rng)
     result = recall_pairs(mechanism, keys, values, temperature=temperature, beta=beta, gate=gate)
-    curve = capacity_curve(d_k, lab_n_values(d_k), overlap=overlap, n_seeds=n_seeds, seed=seed,
+    curve = capacity_curve(d_k, lab_n_values(d_k), d_v=d_v, overlap=overlap, n_seeds=n_seeds, seed=seed,
                            temperature=temperature, beta=beta, gate=gate)
     return result, curve
-
-
-def time_lab_update(d_k, *, n_pairs=None, mechanism="gated_delta", overlap=0.3, repeats=5) -> float:
-    """Wall-clock seconds of one :func:`lab_update` (no drawing) at key width ``d_k``.
-
-    The fastest of ``repeats`` runs, as :mod:`timeit` recommends: on a shared
-    machine the slower runs measure the other programs. ``n_pairs`` defaults to
-    ``2 * d_k``. Machine-dependent: the book reports it from a cell whose output
-    is not compared.
-    """
-    import time
-
-    d_k = check_positive_int(d_k, "d_k")
-    n = 2 * d_k if n_pairs is None else check_positive_int(n_pairs, "n_pairs")
-    repeats = check_positive_int(repeats, "repeats")
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        lab_update(mechanism, n, d_k, overlap)
-        times.append(time.perf_counter() - t0)
-    return float(np.min(times))
-
-
-def draw_lab(mechanism="delta", n_pairs=8, overlap=0.0, *, d_k=16, seed=0, gate=0.9):
-    """Draw the lab for one setting of its sliders; returns the matplotlib Figure.
-
-    Left: the recall error ``|o_i - v_i|`` of every key, in the order written,
-    green where the nearest stored value is the right one and red where it is
-    not. Right: the capacity curves (accuracy against ``N / d_k``) of every
-    mechanism at this overlap, the chosen one drawn bold, with a marker at the
-    current ``N``.
-    """
-    import matplotlib.pyplot as plt
-
-    result, curve = lab_update(mechanism, n_pairs, d_k, overlap, seed=seed, gate=gate)
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(7.6, 3.0), gridspec_kw={"width_ratios": [1.1, 1]})
-    idx = np.arange(1, n_pairs + 1)
-    colors = np.where(result.correct, "tab:green", "tab:red")
-    ax0.bar(idx, result.errors, color=colors, width=0.8)
-    ax0.set_ylim(0, max(1.6, float(result.errors.max()) * 1.05))
-    from matplotlib.ticker import MaxNLocator
-    ax0.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax0.set_xlabel("key i, in the order written")
-    ax0.set_ylabel("recall error |o_i - v_i|")
-    ax0.set_title(f"{LAB_MECHANISM_LABELS[mechanism]}\nN = {n_pairs}, d_k = {d_k}, overlap {overlap:g}: "
-                  f"{int(result.correct.sum())}/{n_pairs} recalled")
-    for mech in MECHANISMS:
-        bold = mech == mechanism
-        ax1.plot(curve.ratios, curve.accuracy[mech], marker="o" if bold else None, ms=3,
-                 lw=2.2 if bold else 1.0, alpha=1.0 if bold else 0.45, color=LAB_COLORS[mech],
-                 label=LAB_MECHANISM_LABELS[mech])
-    ax1.axvline(n_pairs / d_k, color="gray", ls="--", lw=0.8)
-    ax1.set_xscale("log", base=2)
-    ax1.set_ylim(-0.03, 1.03)
-    ax1.set_xlabel("N / d_k (log scale)")
-    ax1.set_ylabel("accuracy (mean of 8 seeds)")
-    ax1.set_title("capacity curves at this overlap")
-    ax1.legend(fontsize=6.5, loc="lower left", frameon=False)
-    return fig
-
-
-def draw_capacity(d_k=16, overlap=0.0, *, seed=0, n_seeds=8, gate=0.9):
-    """Draw every mechanism's capacity curve (accuracy and mean error against ``N / d_k``)."""
-    import matplotlib.pyplot as plt
-
-    curve = capacity_curve(d_k, lab_n_values(d_k), overlap=overlap, n_seeds=n_seeds, seed=seed, gate=gate)
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(7.6, 3.0))
-    for mech in MECHANISMS:
-        ax0.plot(curve.ratios, curve.accuracy[mech], marker="o", ms=3, color=LAB_COLORS[mech],
-                 label=LAB_MECHANISM_LABELS[mech])
-        ax1.plot(curve.ratios, curve.error[mech], marker="o", ms=3, color=LAB_COLORS[mech])
-    for ax in (ax0, ax1):
-        ax.set_xscale("log", base=2)
-        ax.axvline(1.0, color="gray", ls=":", lw=0.8)
-        ax.set_xlabel("N / d_k (log scale)")
-    ax0.set_ylim(-0.03, 1.03)
-    ax0.set_ylabel(f"accuracy (mean of {n_seeds} seeds)")
-    ax1.set_ylabel("mean recall error |o_i - v_i|")
-    ax0.set_title(f"d_k = {d_k}, overlap {overlap:g}")
-    ax1.set_title("error (values have length 1)")
-    ax0.legend(fontsize=6.5, loc="lower left", frameon=False)
-    return fig

@@ -1,30 +1,169 @@
 """Softmax attention and its KV cache (chapter "The cost of softmax attention", chap-softmax-cost).
 
-Shapes: a sequence is ``(T, d)`` with one token per row; one token is ``(d,)``.
-Queries and keys have width ``d_k``, values width ``d_v``. The default score
-scale is ``1/sqrt(d_k)`` (equation ``eq-sm-scores``).
+Shapes: a sequence is ``(..., T, d)`` with one token per row and any leading axes
+(batch, heads, ...) that broadcast together; one token is ``(..., d)``. Queries
+and keys have width ``d_k``, values width ``d_v``. The default score scale is
+``1/sqrt(d_k)`` (equation ``eq-sm-scores``). float32 in gives float32 out.
 
-- :func:`softmax_attention`: the masked (causal) or full (bidirectional) matrix form.
-- :func:`causal_softmax_attention`: the causal form, equation ``eq-sm-causal``.
-- :func:`causal_softmax_attention_loop`: the same, one query at a time (the reference loop).
-- :func:`softmax_decode_step`: one generated token against a KV cache that it
-  grows by one row, equation ``eq-sm-decode``.
+The state of softmax attention is its KV cache (:class:`KVCache`): the keys and
+values of every token so far, growing by one row per token. Like the
+fixed-state layers, every form takes ``q, k, v`` positionally and returns
+``(outputs, state)``:
+
+- :func:`softmax_attention`: the masked (causal) or full (bidirectional) matrix
+  form, equation ``eq-sm-causal``, optionally after a cache of earlier tokens;
+- :func:`softmax_attention_step`: one generated token against the KV cache,
+  equation ``eq-sm-decode``;
+- :func:`softmax_attention_loop`: the reference loop, one query at a time;
+- :func:`attention_weights`: the attention matrix itself (a helper, not a core).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, as_token_sequences, check_dim, check_same_length
+from ._validate import as_float_array, as_float_batch, broadcast_leading, float_dtype
 
 __all__ = [
+    "KVCache",
     "softmax_attention",
-    "causal_softmax_attention",
-    "causal_softmax_attention_loop",
-    "softmax_decode_step",
+    "softmax_attention_step",
+    "softmax_attention_loop",
     "attention_weights",
 ]
 
+
+# ---------------------------------------------------------------- the KV cache
+
+class _Buffers:
+    """Key and value buffers with spare rows, shared by the caches built on them."""
+    __slots__ = ("keys", "values", "filled")
+
+    def __init__(self, keys, values, filled):
+        self.keys, self.values, self.filled = keys, values, filled
+
+
+class KVCache:
+    """The KV cache of softmax attention (equation ``eq-sm-decode``): the state of the layer.
+
+    ``KVCache(keys, values)`` holds the keys ``(..., n, d_k)`` and values
+    ``(..., n, d_v)`` of ``n`` earlier tokens (copied in). Read them as
+    ``cache.keys`` and ``cache.values`` (read-only views), or unpack
+    ``keys, values = cache``; ``cache.length`` is ``n``.
+
+    The rows live in buffers with spare capacity. Appending tokens (which
+    :func:`softmax_attention_step` and :func:`softmax_attention` do, returning a
+    new cache) writes them into the spare rows, and when the buffers are full
+    they are reallocated with twice the rows: an append costs amortised O(1) per
+    token instead of copying the whole cache every step, as a real decoder's
+    preallocated cache does. A cache never changes once returned: if it is
+    appended to twice (two continuations of one prefix), the second append
+    copies instead of overwriting the first one's rows.
+
+    The cache has the leading axes of the keys and values (and of the cache it
+    continues), not those of the queries: a cache read by several query heads,
+    as in grouped-query attention, is kept once, not repeated per head.
+    """
+    __slots__ = ("_buffers", "_length")
+
+    def __init__(self, keys, values):
+        dtype = float_dtype(keys, values)
+        keys = as_float_batch(keys, "keys", (None, None), ("n", "d_k"))
+        values = as_float_batch(values, "values", (keys.shape[-2], None), ("n", "d_v"))
+        lead = broadcast_leading(("keys", keys, 2), ("values", values, 2))
+        empty = _Buffers(np.zeros(lead + (0, keys.shape[-1]), dtype=dtype),
+                         np.zeros(lead + (0, values.shape[-1]), dtype=dtype), 0)
+        appended = KVCache._wrap(empty, 0)._append(keys.astype(dtype, copy=False),
+                                                   values.astype(dtype, copy=False), spare=False)
+        self._buffers, self._length = appended._buffers, appended._length
+
+    @classmethod
+    def _wrap(cls, buffers, length):
+        cache = object.__new__(cls)
+        cache._buffers, cache._length = buffers, length
+        return cache
+
+    @property
+    def keys(self) -> np.ndarray:
+        """The cached keys, ``(..., n, d_k)``, a read-only view."""
+        view = self._buffers.keys[..., :self._length, :]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def values(self) -> np.ndarray:
+        """The cached values, ``(..., n, d_v)``, a read-only view."""
+        view = self._buffers.values[..., :self._length, :]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def length(self) -> int:
+        """The number of cached tokens ``n``."""
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        """The number of rows the buffers have room for before they are reallocated."""
+        return self._buffers.keys.shape[-2]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._buffers.keys.dtype
+
+    def __iter__(self):
+        yield self.keys
+        yield self.values
+
+    def __repr__(self) -> str:
+        return (f"KVCache(length={self._length}, keys {self.keys.shape}, values {self.values.shape}, "
+                f"capacity={self.capacity}, dtype={self.dtype})")
+
+    def _append(self, keys, values, *, spare=True):
+        """A new cache with ``keys (..., t, d_k)`` and ``values (..., t, d_v)`` after this one's rows.
+
+        The arrays are validated by the caller and already in the cache's dtype or wider.
+        """
+        buf, n, t = self._buffers, self._length, keys.shape[-2]
+        lead = np.broadcast_shapes(buf.keys.shape[:-2], keys.shape[:-2], values.shape[:-2])
+        dtype = np.result_type(buf.keys, keys, values)
+        need = n + t
+        reuse = (buf.filled == n and buf.keys.shape[-2] >= need and buf.keys.shape[:-2] == lead
+                 and buf.keys.dtype == dtype)
+        if not reuse:
+            rows = max(need, 2 * buf.keys.shape[-2], 16) if spare else need
+            new = _Buffers(np.empty(lead + (rows, buf.keys.shape[-1]), dtype=dtype),
+                           np.empty(lead + (rows, buf.values.shape[-1]), dtype=dtype), n)
+            new.keys[..., :n, :] = buf.keys[..., :n, :]
+            new.values[..., :n, :] = buf.values[..., :n, :]
+            buf = new
+        buf.keys[..., n:need, :] = keys
+        buf.values[..., n:need, :] = values
+        buf.filled = need
+        return KVCache._wrap(buf, need)
+
+
+def _as_cache(initial_state, d_k: int, d_v: int) -> KVCache:
+    """``initial_state`` as a KVCache: None (empty), a KVCache, or a pair ``(keys, values)``."""
+    if initial_state is None:
+        return KVCache(np.zeros((0, d_k), dtype=np.float32), np.zeros((0, d_v), dtype=np.float32))
+    if isinstance(initial_state, KVCache):
+        cache = initial_state
+    elif isinstance(initial_state, (tuple, list)) and len(initial_state) == 2:
+        try:
+            cache = KVCache(*initial_state)
+        except ValueError as exc:
+            raise ValueError(f"initial_state: {exc}") from None
+    else:
+        raise ValueError("initial_state: expected None, a KVCache or a pair (keys (..., n, d_k), "
+                         f"values (..., n, d_v)), got {type(initial_state).__name__}")
+    if cache.keys.shape[-1] != d_k or cache.values.shape[-1] != d_v:
+        raise ValueError(f"initial_state: expected cached keys of width d_k={d_k} and values of width "
+                         f"d_v={d_v}, got keys {cache.keys.shape} and values {cache.values.shape}")
+    return cache
+
+
+# ---------------------------------------------------------------- helpers
 
 def _scale(scale, d_k: int) -> float:
     if scale is None:
@@ -36,12 +175,6 @@ def _scale(scale, d_k: int) -> float:
     return value
 
 
-def _sequences(queries, keys, values):
-    q, k, v = as_token_sequences(queries, keys, values)
-    dtype = np.result_type(q, k, v)
-    return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False)
-
-
 def _row_softmax(scores: np.ndarray) -> np.ndarray:
     """Softmax along the last axis, with -inf entries (masked) getting weight 0."""
     shifted = scores - np.max(scores, axis=-1, keepdims=True)
@@ -49,79 +182,95 @@ def _row_softmax(scores: np.ndarray) -> np.ndarray:
     return weights / np.sum(weights, axis=-1, keepdims=True)
 
 
-def attention_weights(queries, keys, *, causal: bool = True, scale=None) -> np.ndarray:
-    """The attention matrix ``A = softmax(mask(scale * Q K^T))`` (equation ``eq-sm-causal``).
-
-    ``queries`` ``(T, d_k)`` and ``keys`` ``(T, d_k)``; the result is ``(T, T)``, each
-    row a probability distribution over the keys the query may see (row ``t`` puts
-    zero weight on keys after ``t`` when ``causal``). With ``causal=False`` the
-    keys may be a different number ``m`` of rows, giving ``(T, m)``.
-    """
-    q = as_float_array(queries, "queries", ndim=2)
-    k = as_float_array(keys, "keys", ndim=2)
-    if q.shape[0] < 1:
-        raise ValueError(f"queries: expected at least one token, got shape {q.shape}")
+def _check_causal(causal) -> bool:
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal: expected True or False, got {causal!r}")
+    return bool(causal)
+
+
+def _prepare(q, k, v, initial_state, *, causal=True, tokens=True, one_sequence=False):
+    """Validate; return ``q, k, v`` in the common dtype and the incoming cache."""
+    tok = ("T",) if tokens else ()
+    n = len(tok) + 1
+    q = as_float_batch(q, "q", (None,) * n, tok + ("d_k",))
+    if tokens and q.shape[-2] < 1:
+        raise ValueError(f"q: expected at least one token (shape (..., T, d_k) with T >= 1), got shape {q.shape}")
+    if tokens and causal:
+        length, names = (q.shape[-2],), ("T",)
+    else:
+        length, names = ((None,), ("m",)) if tokens else ((), ())
+    k = as_float_batch(k, "k", length + (q.shape[-1],), names + ("d_k",))
+    v = as_float_batch(v, "v", (k.shape[-2],) + (None,) if tokens else (None,), names + ("d_v",))
+    cache = _as_cache(initial_state, q.shape[-1], v.shape[-1])
+    items = [("q", q, n), ("k", k, n), ("v", v, n), ("initial_state", cache.keys, 2)]
+    lead = broadcast_leading(*items)
+    if one_sequence and lead:
+        raise ValueError(f"q: the reference loop takes one sequence (T, d_k) with no leading axes, got "
+                         f"leading axes {lead} (use softmax_attention for batches)")
+    dtype = float_dtype(q, k, v, cache.keys if cache.length else None)
+    return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), cache
+
+
+# ---------------------------------------------------------------- the forms
+
+def attention_weights(q, k, *, causal: bool = True, scale=None) -> np.ndarray:
+    """The attention matrix ``A = softmax(mask(scale * Q K^T))`` (equation ``eq-sm-causal``).
+
+    ``q`` ``(..., T, d_k)`` and ``k`` ``(..., T, d_k)``; the result is ``(..., T, T)``,
+    each row a probability distribution over the keys the query may see (row ``t``
+    puts zero weight on keys after ``t`` when ``causal``). With ``causal=False`` the
+    keys may be a different number ``m`` of rows, giving ``(..., T, m)``.
+    """
+    causal = _check_causal(causal)
+    q = as_float_batch(q, "q", (None, None), ("T", "d_k"))
+    if q.shape[-2] < 1:
+        raise ValueError(f"q: expected at least one token, got shape {q.shape}")
+    k = as_float_batch(k, "k", ((q.shape[-2],) if causal else (None,)) + (q.shape[-1],),
+                       ("T" if causal else "m", "d_k"))
+    broadcast_leading(("q", q, 2), ("k", k, 2))
+    scores = _scale(scale, q.shape[-1]) * (q @ k.swapaxes(-1, -2))
     if causal:
-        check_same_length("queries", q, "keys", k)
-    check_dim(k, "keys", 1, q.shape[1], "d_k, the width of queries")
-    scores = _scale(scale, q.shape[1]) * (q @ k.T)
-    if causal:
-        t = q.shape[0]
+        t = q.shape[-2]
         scores = np.where(np.tri(t, dtype=bool), scores, -np.inf)
     return _row_softmax(scores)
 
 
-def softmax_attention(queries, keys, values, *, causal: bool = True, scale=None) -> np.ndarray:
+def softmax_attention(q, k, v, *, causal: bool = True, scale=None, initial_state=None):
     """Softmax attention ``softmax(mask(scale * Q K^T)) V`` (equation ``eq-sm-causal``).
 
     Parameters
     ----------
-    queries, keys : arrays of shape ``(T, d_k)``
-    values : array of shape ``(T, d_v)``
+    q : array ``(..., T, d_k)``
+    k : array ``(..., T, d_k)`` (``(..., m, d_k)`` allowed when not causal)
+    v : array ``(..., T, d_v)`` (or ``(..., m, d_v)``)
     causal : bool
-        ``True``: token ``t`` sees tokens ``1..t`` (the decoder). ``False``: every
-        token sees every token (the encoder; used by Linformer).
+        ``True``: token ``t`` sees the cached tokens and new tokens ``1..t`` (the
+        decoder). ``False``: every query sees every key (the encoder; used by
+        Linformer and the recall read-out).
     scale : positive float or None
-        Multiplies the scores; ``None`` means ``1/sqrt(d_k)``.
+        Multiplies the scores; ``None`` means ``1/sqrt(d_k)`` (``eq-sm-scores``).
+    initial_state : :class:`KVCache`, a pair ``(keys (..., n, d_k), values (..., n, d_v))``, or None
+        The keys and values of ``n`` earlier tokens (a prefix); the new queries
+        attend to them as well.
 
     Returns
     -------
-    array of shape ``(T, d_v)``
+    outputs : array ``(..., T, d_v)``
+    cache : :class:`KVCache` with the ``n + T`` (or ``n + m``) keys and values (with the
+        leading axes of ``k``, ``v`` and ``initial_state``)
     """
-    q, k, v = _sequences(queries, keys, values)
-    return attention_weights(q, k, causal=causal, scale=scale) @ v
+    causal = _check_causal(causal)
+    q, k, v, cache = _prepare(q, k, v, initial_state, causal=causal)
+    n = cache.length
+    cache = cache._append(k, v)
+    scores = _scale(scale, q.shape[-1]) * (q @ cache.keys.swapaxes(-1, -2))   # (..., T, n + m)
+    if causal:
+        visible = np.tri(q.shape[-2], n + q.shape[-2], k=n, dtype=bool)   # key j visible from query t: j <= n + t
+        scores = np.where(visible, scores, -np.inf)
+    return _row_softmax(scores) @ cache.values, cache
 
 
-def causal_softmax_attention(queries, keys, values, *, scale=None) -> np.ndarray:
-    """Causal softmax attention, equation ``eq-sm-causal``.
-
-    ``o_t = sum_{j<=t} softmax_j(scale * q_t . k_j) v_j`` for every ``t``.
-    ``queries, keys``: ``(T, d_k)``; ``values``: ``(T, d_v)``; result ``(T, d_v)``.
-    ``scale=None`` means ``1/sqrt(d_k)``.
-    """
-    return softmax_attention(queries, keys, values, causal=True, scale=scale)
-
-
-def causal_softmax_attention_loop(queries, keys, values, *, scale=None) -> np.ndarray:
-    """The reference loop for ``eq-sm-causal``: one query at a time over its prefix.
-
-    Same arguments and result as :func:`causal_softmax_attention`; slower, and
-    written to be read next to the equation.
-    """
-    q, k, v = _sequences(queries, keys, values)
-    c = _scale(scale, q.shape[1])
-    out = np.empty((q.shape[0], v.shape[1]), dtype=v.dtype)
-    for t in range(q.shape[0]):
-        scores = c * (k[: t + 1] @ q[t])          # (t+1,): one score per visible key
-        weights = np.exp(scores - scores.max())
-        weights /= weights.sum()
-        out[t] = weights @ v[: t + 1]             # weighted average of the visible values
-    return out
-
-
-def softmax_decode_step(query, key, value, cache=None, *, scale=None):
+def softmax_attention_step(q, k, v, *, scale=None, initial_state=None):
     """One decode step with a KV cache, equation ``eq-sm-decode``.
 
     Appends the new token's key and value to the cache, then attends from the
@@ -129,36 +278,39 @@ def softmax_decode_step(query, key, value, cache=None, *, scale=None):
 
     Parameters
     ----------
-    query, key : arrays of shape ``(d_k,)``
-    value : array of shape ``(d_v,)``
-    cache : tuple ``(keys (n, d_k), values (n, d_v))`` or None
-        The keys and values of the ``n`` earlier tokens; ``None`` is the empty cache.
-    scale : positive float or None
-        ``None`` means ``1/sqrt(d_k)``.
+    q, k : arrays ``(..., d_k)``; v : array ``(..., d_v)``
+    scale : positive float or None (``1/sqrt(d_k)``)
+    initial_state : :class:`KVCache`, a pair ``(keys (..., n, d_k), values (..., n, d_v))``, or None
+        (the empty cache)
 
     Returns
     -------
-    output : array of shape ``(d_v,)``
-    cache : tuple ``(keys (n+1, d_k), values (n+1, d_v))``
-        New arrays; the cache passed in is not modified.
+    o : array ``(..., d_v)``
+    cache : :class:`KVCache` of ``n + 1`` tokens (the cache passed in is not modified)
     """
-    q = as_float_array(query, "query", ndim=1)
-    k = as_float_array(key, "key", ndim=1, shape=(q.shape[0],))
-    v = as_float_array(value, "value", ndim=1)
-    if cache is None:
-        cached_k = np.zeros((0, q.shape[0]), dtype=k.dtype)
-        cached_v = np.zeros((0, v.shape[0]), dtype=v.dtype)
-    else:
-        if not isinstance(cache, (tuple, list)) or len(cache) != 2:
-            raise ValueError("cache: expected None or a tuple (keys (n, d_k), values (n, d_v)), "
-                             f"got {type(cache).__name__}")
-        cached_k = as_float_array(cache[0], "cache[0] (keys)", ndim=2, shape=(None, q.shape[0]))
-        cached_v = as_float_array(cache[1], "cache[1] (values)", ndim=2, shape=(None, v.shape[0]))
-        check_same_length("cache[0] (keys)", cached_k, "cache[1] (values)", cached_v)
-    dtype = np.result_type(q, k, v, cached_k, cached_v)
-    all_k = np.concatenate([cached_k, k[None, :]]).astype(dtype, copy=False)
-    all_v = np.concatenate([cached_v, v[None, :]]).astype(dtype, copy=False)
-    scores = _scale(scale, q.shape[0]) * (all_k @ q)   # (n+1,)
-    weights = np.exp(scores - scores.max())
-    weights /= weights.sum()
-    return weights @ all_v, (all_k, all_v)
+    q, k, v, cache = _prepare(q, k, v, initial_state, tokens=False)
+    cache = cache._append(k[..., None, :], v[..., None, :])
+    scores = _scale(scale, q.shape[-1]) * (cache.keys @ q[..., :, None])[..., 0]   # (..., n + 1)
+    weights = _row_softmax(scores)
+    return (weights[..., None, :] @ cache.values)[..., 0, :], cache
+
+
+def softmax_attention_loop(q, k, v, *, scale=None, initial_state=None):
+    """The reference loop for ``eq-sm-causal``: one query at a time over its prefix.
+
+    One sequence: ``q, k`` ``(T, d_k)``, ``v`` ``(T, d_v)``, no leading axes;
+    ``initial_state`` a cache of earlier tokens or None. Same results as
+    :func:`softmax_attention` with ``causal=True``; slower, and written to be
+    read next to the equations.
+    """
+    q, k, v, cache = _prepare(q, k, v, initial_state, one_sequence=True)
+    c = _scale(scale, q.shape[1])
+    K = np.concatenate([cache.keys, k])           # every key: the cached ones, then the new ones
+    V = np.concatenate([cache.values, v])
+    n = cache.length
+    o = np.empty_like(v)
+    for t in range(len(q)):
+        s = c * (K[: n + t + 1] @ q[t])           # eq-sm-scores: s_tj = c q_t^T k_j for the visible j
+        w = np.exp(s - s.max())                   # exp(s_tj), shifted by the largest so nothing overflows
+        o[t] = (w / w.sum()) @ V[: n + t + 1]     # eq-sm-causal: the weighted average of the visible values
+    return o, KVCache(K, V)

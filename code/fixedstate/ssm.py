@@ -1,44 +1,56 @@
 """State-space models: continuous LTI systems, S4's convolution view, HiPPO, Mamba, Mamba-2.
 
-Chapter "State-space models" (label ``chap-ssm``). Shapes follow the book:
-a sequence is an array with one token per row.
+Chapter "State-space models" (label ``chap-ssm``). Shapes follow the book: a
+sequence has one token per row, ``(..., T, d)``, and every core accepts leading
+axes (batch, heads, ...) that broadcast together by numpy's rules.
 
 Continuous system and its discretization (equations ``eq-ssm-continuous``,
 ``eq-ssm-zoh``, ``eq-ssm-bilinear``, ``eq-ssm-euler``):
 
 - :func:`discretize_zoh`: zero-order hold, exact for an input held constant over
-  each step (matrix exponential).
+  each step (matrix exponential of an augmented matrix; any ``A``, singular too).
 - :func:`discretize_bilinear`: the bilinear (Tustin) transform.
 - :func:`discretize_mamba`: Mamba's choice, ``A_bar = exp(delta A)`` (zero-order
   hold) with the Euler step ``B_bar = delta B``.
 
 Linear time-invariant (LTI) SSM, recurrent and convolutional views
 (``eq-ssm-recurrence``, ``eq-ssm-kernel``, ``eq-ssm-conv``):
+:func:`lti_recurrence`, :func:`lti_convolution` (both ``(x, A_bar, B_bar, C, *,
+D=None, ...) -> (y, h)``), :func:`ssm_kernel`, :func:`causal_conv`,
+:func:`causal_conv_fft`. A single-input single-output (SISO) system has
+``A_bar`` ``(N, N)`` and reads ``x`` ``(..., T)``; a stack of ``H`` independent
+systems (``A_bar`` ``(H, N, N)``, one per channel, as in S4) reads ``x``
+``(..., T, H)``. The system decides which: it carries no leading axes, the data do.
 
-- :func:`lti_recurrence`, :func:`ssm_kernel`, :func:`causal_conv`,
-  :func:`causal_conv_fft`, :func:`lti_convolution`. Single-input single-output
-  (SISO: ``x`` of shape ``(T,)``) and many independent channels (``x`` of shape
-  ``(T, H)``, one SISO system per channel, as in S4).
+HiPPO (``eq-ssm-hippo-legs``, ``eq-ssm-legs-basis``, ``eq-ssm-legs-reconstruct``):
+:func:`hippo_legs`, :func:`s4d_real`, :func:`legs_basis`, :func:`legs_reconstruct`.
 
-HiPPO (``eq-ssm-hippo-legs``, ``eq-ssm-legs-basis``): :func:`hippo_legs`,
-:func:`s4d_real`, :func:`legs_basis`, :func:`legs_reconstruct`.
-
-Selective SSM, Mamba's S6 (``eq-ssm-selective``): :func:`softplus`,
-:func:`selective_delta`, :func:`selective_scan_sequential`,
-:func:`selective_scan_parallel`, built on :func:`associative_scan` (``eq-ssm-scan-op``).
+Selective SSM, Mamba's S6 (``eq-ssm-selective``): :func:`selective_delta`,
+:func:`selective_scan_sequential`, :func:`selective_scan_parallel`,
+:func:`selective_scan_step`, all ``(x, delta, A, B, C, *, D=None,
+initial_state=None) -> (y, h)``, the parallel one built on
+:func:`associative_scan` (``eq-ssm-scan-op``).
 
 Mamba-2 / state-space duality (``eq-ssm-ssd-recurrent``, ``eq-ssm-ssd-matrix``):
-:func:`ssd_recurrent`, :func:`ssd_quadratic`, :func:`ssd_mask`.
+:func:`ssd_recurrent`, :func:`ssd_quadratic` (``(x, delta, a, B, C, *, D=None,
+initial_state=None) -> (y, S)``), :func:`ssd_mask`, and :func:`ssd_chunk`, the
+reference for one chunk of Mamba-2's chunked algorithm.
 
 Costs (the chapter's FLOPs-and-memory table): :func:`ssm_state_bytes`,
 :func:`selective_scan_flops`, :func:`s4_fft_conv_flops`, :func:`ssm_decode_flops`.
 
 Conventions shared with Mamba's reference implementation: the output reads the
 *updated* state, ``y_t = C_t h_t + D x_t``; the step size goes through softplus
-with a bias; ``B_bar = delta B`` is an Euler step, not the exact zero-order-hold
-``B_bar``. In the Mamba-2 form the state of one head is ``(N, P)`` = ``(d_k, d_v)``
-in the book's orientation, read out as ``o_t = S_t^T q_t`` with ``q_t = C_t``,
-``k_t = B_t`` and ``v_t = delta_t x_t``.
+with a bias (:func:`fixedstate.blocks.softplus`); ``B_bar = delta B`` is an Euler
+step, not the exact zero-order-hold ``B_bar``. In the Mamba-2 form the state of
+one head is ``(N, P)`` = ``(d_k, d_v)`` in the book's orientation, read out as
+``o_t = S_t^T q_t`` with ``q_t = C_t``, ``k_t = B_t`` and ``v_t = delta_t x_t``.
+
+Precision: every function returns the floating precision of its inputs
+(``np.result_type`` of the floating inputs, at least float32; integers count as
+float64): float32 in, float32 out, outputs and states alike. The cores compute in
+that precision; the discretizations and the HiPPO basis compute in float64 and
+return the input's precision.
 """
 
 from __future__ import annotations
@@ -49,7 +61,9 @@ import numbers
 import numpy as np
 import scipy.linalg
 
-from ._validate import as_float_array, check_dim, check_positive_int, check_same_length
+from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_dim, check_positive_int,
+                        float_dtype)
+from .blocks import softplus
 
 __all__ = [
     "discretize_zoh",
@@ -64,7 +78,6 @@ __all__ = [
     "s4d_real",
     "legs_basis",
     "legs_reconstruct",
-    "softplus",
     "selective_delta",
     "associative_scan",
     "selective_scan_sequential",
@@ -73,6 +86,7 @@ __all__ = [
     "ssd_mask",
     "ssd_recurrent",
     "ssd_quadratic",
+    "ssd_chunk",
     "ssm_state_bytes",
     "selective_scan_flops",
     "s4_fft_conv_flops",
@@ -101,33 +115,72 @@ def _step(delta, name: str = "delta") -> float:
     return value
 
 
-def _input_matrix(B, n: int, name: str = "B") -> np.ndarray:
-    arr = as_float_array(B, name, ndim=(1, 2))
-    check_dim(arr, name, 0, n, "N, the size of the state, from A")
+def _discretization_args(A, B, delta):
+    """``A`` ``(N, N)``, ``B`` ``(N,)`` or ``(N, m)`` in float64, the step, and the dtype to return."""
+    Aa = _square(A)
+    Bb = as_float_array(B, "B", ndim=(1, 2))
+    check_dim(Bb, "B", 0, Aa.shape[0], "N, the size of the state, from A")
+    dt = _step(delta)
+    return Aa.astype(np.float64), Bb.astype(np.float64), dt, float_dtype(A, B, delta)
+
+
+def _positive(arr: np.ndarray, name: str) -> np.ndarray:
+    if np.any(arr <= 0):
+        raise ValueError(f"{name}: expected positive step sizes, got minimum {float(arr.min())!r}")
     return arr
 
 
 # ---------------------------------------------------------------------------
 # discretization
 
+def _expm_augmented(M: np.ndarray) -> np.ndarray:
+    """``exp(M)`` for the augmented matrix ``M = dt [[A, B], [0, 0]]`` of :func:`discretize_zoh`.
+
+    ``scipy.linalg.expm`` squares a triangular matrix with a fix-up of its first
+    off-diagonal, ``(e^a - e^b) / (a - b)``, formed by a plain difference: it
+    cancels for a slow mode (``a`` near 0) next to the zero block (``b = 0``).
+    So an upper-triangular ``M`` (``A`` upper triangular) is scaled to a norm
+    ``<= 4``, where scipy does not square, and squared here.
+    """
+    if np.any(np.tril(M, -1)):
+        return scipy.linalg.expm(M)
+    norm = max(np.linalg.norm(M, 1), np.linalg.norm(M, np.inf))
+    s = max(0, math.ceil(math.log2(norm / 4.0))) if norm > 0 else 0
+    E = scipy.linalg.expm(M / 2.0 ** s)
+    for _ in range(s):
+        E = E @ E
+    return E
+
+
 def discretize_zoh(A, B, delta):
     """Zero-order hold: ``A_bar = exp(delta A)``, ``B_bar = A^{-1}(exp(delta A) - I) B`` (``eq-ssm-zoh``).
 
     Exact when the input is held constant over each step of length ``delta``.
-    ``A`` is ``(N, N)`` and must be invertible (every HiPPO and S4D matrix is);
-    ``B`` is ``(N,)`` or ``(N, m)``; ``delta > 0``. Returns ``(A_bar, B_bar)``
-    with the shapes of ``A`` and ``B``.
+    ``A`` is ``(N, N)``, ``B`` is ``(N,)`` or ``(N, m)``, ``delta > 0``. Returns
+    ``(A_bar, B_bar)`` with the shapes of ``A`` and ``B``.
+
+    ``B_bar`` is the integral ``int_0^delta exp(s A) ds B``, computed without
+    forming ``A^{-1}``: read off the matrix exponential of an augmented matrix
+    (Van Loan; the method of ``scipy.signal.cont2discrete``),
+    ``exp(delta [[A, B], [0, 0]]) = [[A_bar, B_bar], [0, I]]``, or, for a
+    diagonal ``A``, mode by mode as ``expm1(delta lam) / lam`` times ``B``. So the
+    formula holds for a singular ``A`` (a zero eigenvalue gives ``delta B`` on
+    that mode, an integrator) and keeps full precision on slow modes
+    (``delta |lam|`` tiny), where ``exp(delta A) - I`` would cancel.
     """
-    A = _square(A)
-    B = _input_matrix(B, A.shape[0])
-    dt = _step(delta)
+    A, B, dt, dtype = _discretization_args(A, B, delta)
     n = A.shape[0]
-    if np.linalg.cond(A) > 1e12:
-        raise ValueError("A: the zero-order-hold formula needs an invertible A; got a singular "
-                         f"or nearly singular matrix (condition number {np.linalg.cond(A):.3g})")
-    A_bar = scipy.linalg.expm(dt * A)
-    B_bar = np.linalg.solve(A, (A_bar - np.eye(n)) @ B)
-    return A_bar, B_bar
+    if not np.any(A - np.diag(np.diag(A))):
+        # diagonal A, one scalar system per mode: B_bar_i = expm1(dt lam_i) / lam_i B_i (dt B_i if lam_i = 0)
+        lam = np.diag(A)
+        gain = np.where(lam == 0, dt, np.expm1(dt * lam) / np.where(lam == 0, 1.0, lam))
+        B_bar = gain.reshape((n,) + (1,) * (B.ndim - 1)) * B
+    else:
+        B2 = B.reshape(n, -1)
+        augmented = np.zeros((n + B2.shape[1],) * 2)
+        augmented[:n, :n], augmented[:n, n:] = A, B2
+        B_bar = _expm_augmented(dt * augmented)[:n, n:].reshape(B.shape)
+    return scipy.linalg.expm(dt * A).astype(dtype), B_bar.astype(dtype)
 
 
 def discretize_bilinear(A, B, delta):
@@ -138,14 +191,12 @@ def discretize_bilinear(A, B, delta):
     ``(A_bar, B_bar)`` with the shapes of ``A`` and ``B``. It agrees with the
     zero-order hold up to terms of order ``delta**3`` per step.
     """
-    A = _square(A)
-    B = _input_matrix(B, A.shape[0])
-    dt = _step(delta)
+    A, B, dt, dtype = _discretization_args(A, B, delta)
     eye = np.eye(A.shape[0])
     left = eye - 0.5 * dt * A
     A_bar = np.linalg.solve(left, eye + 0.5 * dt * A)
     B_bar = np.linalg.solve(left, dt * B)
-    return A_bar, B_bar
+    return A_bar.astype(dtype), B_bar.astype(dtype)
 
 
 def discretize_mamba(A, B, delta):
@@ -155,73 +206,89 @@ def discretize_mamba(A, B, delta):
     ``delta > 0``. ``B_bar`` differs from the zero-order-hold one by
     ``delta**2 A B / 2 + O(delta**3)``.
     """
-    A = _square(A)
-    B = _input_matrix(B, A.shape[0])
-    dt = _step(delta)
-    return scipy.linalg.expm(dt * A), dt * B
+    A, B, dt, dtype = _discretization_args(A, B, delta)
+    return scipy.linalg.expm(dt * A).astype(dtype), (dt * B).astype(dtype)
 
 
 # ---------------------------------------------------------------------------
 # LTI: recurrence, kernel, convolution
 
-def _skip(D, channels: int) -> np.ndarray:
-    """The skip term D of ``y = C h + D x``: None (zero), a scalar, or one value per channel."""
-    if D is None:
-        return np.zeros(channels)
-    Dd = as_float_array(D, "D", ndim=(0, 1))
-    Dd = np.broadcast_to(Dd, (channels,)) if Dd.ndim == 0 else Dd
-    check_dim(Dd, "D", 0, channels, "the number of channels of x")
-    return Dd
-
-
-def _lti_args(A_bar, B_bar, C, x, D):
-    """Validate an LTI system; return arrays with a leading channel axis and a flag for SISO."""
-    xs = as_float_array(x, "x", ndim=(1, 2))
-    if xs.shape[0] < 1:
-        raise ValueError(f"x: expected at least one time step, got shape {xs.shape}")
-    siso = xs.ndim == 1
+def _lti_system(A_bar, B_bar, C):
+    """Validate an LTI system; return it as a stack of ``H`` systems (``H = 1`` for SISO) and the SISO flag."""
+    Ab = as_float_array(A_bar, "A_bar", ndim=(2, 3))
+    if Ab.shape[-1] != Ab.shape[-2] or Ab.shape[-1] < 1:
+        raise ValueError(f"A_bar: expected a square (N, N) matrix or a stack (H, N, N) of them, "
+                         f"got shape {Ab.shape}")
+    siso = Ab.ndim == 2
     if siso:
-        Ab = _square(A_bar, "A_bar")[None]
-        n = Ab.shape[1]
-        Bb = as_float_array(B_bar, "B_bar", ndim=1)
-        check_dim(Bb, "B_bar", 0, n, "N, the size of the state, from A_bar")
-        Cc = as_float_array(C, "C", ndim=1)
-        check_dim(Cc, "C", 0, n, "N, the size of the state, from A_bar")
-        Bb, Cc, xs2 = Bb[None], Cc[None], xs[:, None]
+        Ab = Ab[None]
+    H, N = Ab.shape[:2]
+    want, names = ((N,), ("N",)) if siso else ((H, N), ("H", "N"))
+    Bb = as_float_batch(B_bar, "B_bar", want, names)
+    Cc = as_float_batch(C, "C", want, names)
+    for name, arr in (("B_bar", Bb), ("C", Cc)):
+        if arr.ndim != len(want):
+            raise ValueError(f"{name}: expected shape {want} (the system has no leading axes), "
+                             f"got shape {arr.shape}")
+    return Ab, Bb.reshape(H, N), Cc.reshape(H, N), siso
+
+
+def _lti_args(x, A_bar, B_bar, C, D, initial_state=None):
+    """Validate a system and its input; SISO gets a channel axis of size 1. Returns float arrays of one dtype."""
+    Ab, Bb, Cc, siso = _lti_system(A_bar, B_bar, C)
+    H, N = Bb.shape
+    if siso:
+        xs = as_float_batch(x, "x", (None,), ("T",))[..., None]
     else:
-        h = xs.shape[1]
-        Ab = as_float_array(A_bar, "A_bar", ndim=3)
-        if Ab.shape[0] != h or Ab.shape[1] != Ab.shape[2]:
-            raise ValueError(f"A_bar: expected shape ({h}, N, N) for x with {h} channels, "
-                             f"got shape {Ab.shape}")
-        n = Ab.shape[1]
-        Bb = as_float_array(B_bar, "B_bar", shape=(h, n))
-        Cc = as_float_array(C, "C", shape=(h, n))
-        xs2 = xs
-    h = xs2.shape[1]
-    Dd = _skip(D, h)
-    return Ab, Bb, Cc, xs2, Dd, siso
+        xs = as_float_batch(x, "x", (None, H), ("T", "H"))
+    if xs.shape[-2] < 1:
+        raise ValueError(f"x: expected at least one time step, got shape {np.shape(x)}")
+    Dd = np.zeros(()) if D is None else as_float_array(D, "D", ndim=(0, 1))
+    if Dd.ndim == 1:
+        check_dim(Dd, "D", 0, H, "H, the number of channels, from A_bar")
+    if initial_state is None:
+        h0 = np.zeros((H, N))
+    elif siso:
+        h0 = as_float_batch(initial_state, "initial_state", (N,), ("N",))[..., None, :]
+    else:
+        h0 = as_float_batch(initial_state, "initial_state", (H, N), ("H", "N"))
+    lead = broadcast_leading(("x", xs, 2), ("initial_state", h0, 2))
+    dtype = float_dtype(x, A_bar, B_bar, C, D, initial_state)
+    h0 = np.broadcast_to(h0, lead + (H, N)).astype(dtype)
+    return (Ab.astype(dtype), Bb.astype(dtype), Cc.astype(dtype), xs.astype(dtype, copy=False),
+            Dd.astype(dtype), h0, siso)
 
 
-def lti_recurrence(A_bar, B_bar, C, x, D=None):
-    """Run a discrete LTI SSM step by step (``eq-ssm-recurrence``).
+def lti_recurrence(x, A_bar, B_bar, C, *, D=None, initial_state=None):
+    """Run a discrete LTI SSM step by step (``eq-ssm-recurrence``): ``(y, h)``.
 
-    ``h_t = A_bar h_{t-1} + B_bar x_t``, ``y_t = C h_t + D x_t`` from ``h_0 = 0``
-    (the output reads the updated state).
+    ``h_t = A_bar h_{t-1} + B_bar x_t``, ``y_t = C h_t + D x_t`` (the output reads
+    the updated state) for ``t = 0, ..., T-1``, from ``h_{-1} = initial_state``
+    (default zeros).
 
-    SISO: ``A_bar`` ``(N, N)``, ``B_bar`` and ``C`` ``(N,)``, ``x`` ``(T,)``.
-    Many channels (S4): ``A_bar`` ``(H, N, N)``, ``B_bar`` and ``C`` ``(H, N)``,
-    ``x`` ``(T, H)``. ``D`` is a scalar or ``(H,)`` (default 0). Returns ``y``
-    with the shape of ``x``.
+    SISO: ``A_bar`` ``(N, N)``, ``B_bar`` and ``C`` ``(N,)``, ``x`` ``(..., T)``,
+    ``initial_state`` and the returned state ``h`` ``(..., N)``. Many channels
+    (S4): ``A_bar`` ``(H, N, N)``, ``B_bar`` and ``C`` ``(H, N)``, ``x``
+    ``(..., T, H)``, ``h`` ``(..., H, N)``. ``D`` is a scalar or ``(H,)`` (default
+    0). The leading axes of ``x`` and ``initial_state`` broadcast. Returns ``y``
+    with the shape of ``x`` (with the broadcast leading axes) and the final state.
     """
-    Ab, Bb, Cc, xs, Dd, siso = _lti_args(A_bar, B_bar, C, x, D)
-    T, H = xs.shape
-    h = np.zeros(Bb.shape)
-    y = np.empty((T, H))
+    A_bar, B_bar, C, x, D, h, siso = _lti_args(x, A_bar, B_bar, C, D, initial_state)
+    T = x.shape[-2]
+    y = np.empty(h.shape[:-2] + x.shape[-2:], dtype=h.dtype)
     for t in range(T):
-        h = np.einsum("hij,hj->hi", Ab, h) + Bb * xs[t][:, None]
-        y[t] = np.sum(Cc * h, axis=1) + Dd * xs[t]
-    return y[:, 0] if siso else y
+        h = np.einsum("hij,...hj->...hi", A_bar, h) + B_bar * x[..., t, :, None]
+        y[..., t, :] = np.sum(C * h, axis=-1)
+    y = y + D * x
+    return (y[..., 0], h[..., 0, :]) if siso else (y, h)
+
+
+def _impulse_states(A_bar: np.ndarray, B_bar: np.ndarray, length: int):
+    """Yield the states ``A_bar^j B_bar`` (``(H, N)``) after an impulse, for ``j = 0, ..., length - 1``."""
+    v = B_bar
+    for _ in range(length):
+        yield v
+        v = np.einsum("hij,hj->hi", A_bar, v)
 
 
 def ssm_kernel(A_bar, B_bar, C, length: int):
@@ -232,43 +299,57 @@ def ssm_kernel(A_bar, B_bar, C, length: int):
     Computed directly, by repeated multiplication of ``A_bar^j B_bar``.
     """
     L = check_positive_int(length, "length")
-    Ab = as_float_array(A_bar, "A_bar", ndim=(2, 3))
-    siso = Ab.ndim == 2
-    dummy = np.zeros((1,) if siso else (1, Ab.shape[0]))
-    Ab, Bb, Cc, _, _, _ = _lti_args(A_bar, B_bar, C, dummy, None)
-    K = np.empty((L, Ab.shape[0]))
-    v = Bb.copy()
-    for j in range(L):
-        K[j] = np.sum(Cc * v, axis=1)
-        v = np.einsum("hij,hj->hi", Ab, v)
+    A_bar_, B_bar_, C_, siso = _lti_system(A_bar, B_bar, C)
+    dtype = float_dtype(A_bar, B_bar, C)
+    A_bar_, B_bar_, C_ = A_bar_.astype(dtype), B_bar_.astype(dtype), C_.astype(dtype)
+    K = np.stack([np.sum(C_ * v, axis=-1) for v in _impulse_states(A_bar_, B_bar_, L)])
     return K[:, 0] if siso else K
 
 
 def _conv_args(x, K):
-    xs = as_float_array(x, "x", ndim=(1, 2))
-    if xs.shape[0] < 1:
-        raise ValueError(f"x: expected at least one time step, got shape {xs.shape}")
-    Kk = as_float_array(K, "K", ndim=xs.ndim)
-    if xs.ndim == 2:
-        check_dim(Kk, "K", 1, xs.shape[1], "the number of channels of x")
+    """``x`` ``(..., T)`` with ``K`` ``(L,)``, or ``x`` ``(..., T, H)`` with ``K`` ``(L, H)``; as channel form."""
+    Kk = as_float_array(K, "K", ndim=(1, 2))
     if Kk.shape[0] < 1:
         raise ValueError(f"K: expected at least one kernel tap, got shape {Kk.shape}")
-    return xs, Kk
+    siso = Kk.ndim == 1
+    if siso:
+        xs = as_float_batch(x, "x", (None,), ("T",))[..., None]
+        Kk = Kk[:, None]
+    else:
+        xs = as_float_batch(x, "x", (None, Kk.shape[1]), ("T", "H"))
+    if xs.shape[-2] < 1:
+        raise ValueError(f"x: expected at least one time step, got shape {np.shape(x)}")
+    dtype = float_dtype(x, K)
+    return xs.astype(dtype, copy=False), Kk.astype(dtype, copy=False), siso
+
+
+def _conv_direct(x: np.ndarray, K: np.ndarray) -> np.ndarray:
+    T = x.shape[-2]
+    y = np.zeros(x.shape, dtype=x.dtype)
+    for j in range(min(T, K.shape[0])):
+        y[..., j:, :] += K[j] * x[..., :T - j, :]
+    return y
+
+
+def _conv_fft(x: np.ndarray, K: np.ndarray) -> np.ndarray:
+    T = x.shape[-2]
+    K = K[:T]
+    n = 1 << (T + K.shape[0] - 2).bit_length()      # the smallest power of two >= T + L - 1
+    y = np.fft.irfft(np.fft.rfft(x, n=n, axis=-2) * np.fft.rfft(K, n=n, axis=0), n=n, axis=-2)
+    return y[..., :T, :].astype(x.dtype, copy=False)
 
 
 def causal_conv(x, K):
     """Causal convolution computed directly: ``y_t = sum_{j=0}^{t} K_j x_{t-j}`` (``eq-ssm-conv``).
 
-    ``x`` is ``(T,)`` with ``K`` ``(L,)``, or ``x`` ``(T, H)`` with ``K`` ``(L, H)``
-    (one kernel per channel). Taps beyond ``T`` are unused; a kernel shorter
-    than ``T`` is treated as zero beyond its end. Returns ``y`` with the shape of ``x``.
+    ``x`` is ``(..., T)`` with ``K`` ``(L,)``, or ``x`` ``(..., T, H)`` with ``K``
+    ``(L, H)`` (one kernel per channel). Taps beyond ``T`` are unused; a kernel
+    shorter than ``T`` is treated as zero beyond its end. Returns ``y`` with the
+    shape of ``x``.
     """
-    xs, Kk = _conv_args(x, K)
-    T = xs.shape[0]
-    y = np.zeros_like(xs, dtype=np.result_type(xs, Kk))
-    for j in range(min(T, Kk.shape[0])):
-        y[j:] += Kk[j] * xs[:T - j]
-    return y
+    xs, Kk, siso = _conv_args(x, K)
+    y = _conv_direct(xs, Kk)
+    return y[..., 0] if siso else y
 
 
 def causal_conv_fft(x, K):
@@ -278,26 +359,31 @@ def causal_conv_fft(x, K):
     the circular convolution the FFT computes equals the linear one on the first
     ``T`` outputs. Shapes as in :func:`causal_conv`.
     """
-    xs, Kk = _conv_args(x, K)
-    T = xs.shape[0]
-    Kk = Kk[:T]
-    n = 1 << (T + Kk.shape[0] - 2).bit_length()      # the smallest power of two >= T + L - 1
-    y = np.fft.irfft(np.fft.rfft(xs, n=n, axis=0) * np.fft.rfft(Kk, n=n, axis=0), n=n, axis=0)
-    return y[:T]
+    xs, Kk, siso = _conv_args(x, K)
+    y = _conv_fft(xs, Kk)
+    return y[..., 0] if siso else y
 
 
-def lti_convolution(A_bar, B_bar, C, x, D=None, *, method: str = "fft"):
-    """The convolutional view of an LTI SSM: ``y = K * x + D x`` (``eq-ssm-conv``).
+def lti_convolution(x, A_bar, B_bar, C, *, D=None, method: str = "fft"):
+    """The convolutional view of an LTI SSM: ``y = K * x + D x`` (``eq-ssm-conv``, kernel ``eq-ssm-kernel``): ``(y, h)``.
 
-    Shapes as in :func:`lti_recurrence`; ``method`` is ``"fft"`` (zero-padded
-    FFT, ``O(T log T)`` per channel) or ``"direct"`` (``O(T^2)``).
+    Shapes as in :func:`lti_recurrence` (from a zero state); ``method`` is
+    ``"fft"`` (zero-padded FFT, ``O(T log T)`` per channel) or ``"direct"``
+    (``O(T^2)``). The final state ``h_{T-1} = sum_j A_bar^j B_bar x_{T-1-j}`` (the
+    unrolled ``eq-ssm-recurrence``) is accumulated with the same powers
+    ``A_bar^j B_bar`` that build the kernel, so the recurrence can continue from it.
     """
     if method not in ("fft", "direct"):
         raise ValueError(f"method: expected 'fft' or 'direct', got {method!r}")
-    Ab, Bb, Cc, xs, Dd, siso = _lti_args(A_bar, B_bar, C, x, D)
-    K = ssm_kernel(Ab, Bb, Cc, xs.shape[0])
-    y = (causal_conv_fft if method == "fft" else causal_conv)(xs, K) + Dd * xs
-    return y[:, 0] if siso else y
+    A_bar, B_bar, C, x, D, h, siso = _lti_args(x, A_bar, B_bar, C, D)
+    T = x.shape[-2]
+    K = np.empty((T,) + B_bar.shape[:1], dtype=h.dtype)
+    h = np.zeros(x.shape[:-2] + B_bar.shape, dtype=h.dtype)
+    for j, v in enumerate(_impulse_states(A_bar, B_bar, T)):       # v = A_bar^j B_bar
+        K[j] = np.sum(C * v, axis=-1)                                # K_j = C A_bar^j B_bar
+        h += v * x[..., T - 1 - j, :, None]                          # the input of j steps ago, in the state
+    y = (_conv_fft if method == "fft" else _conv_direct)(x, K) + D * x
+    return (y[..., 0], h[..., 0, :]) if siso else (y, h)
 
 
 # ---------------------------------------------------------------------------
@@ -308,7 +394,7 @@ def hippo_legs(N: int):
 
     ``A[n, k] = -sqrt(2n+1) sqrt(2k+1)`` for ``n > k``, ``-(n+1)`` for ``n == k``,
     0 above the diagonal; ``B[n] = sqrt(2n+1)``. Returns ``A`` ``(N, N)`` and
-    ``B`` ``(N,)`` (Gu et al. 2020, HiPPO).
+    ``B`` ``(N,)`` in float64 (Gu et al. 2020, HiPPO).
     """
     N = check_positive_int(N, "N")
     r = np.sqrt(2.0 * np.arange(N) + 1.0)
@@ -319,7 +405,7 @@ def hippo_legs(N: int):
 def s4d_real(N: int):
     """The S4D-Real diagonal initialization ``A = -(1, 2, ..., N)`` (Gu et al. 2022, S4D), as Mamba uses.
 
-    Returns the diagonal of ``A`` as an ``(N,)`` array; these are the
+    Returns the diagonal of ``A`` as an ``(N,)`` float64 array; these are the
     eigenvalues (the diagonal) of the HiPPO-LegS matrix of ``eq-ssm-hippo-legs``.
     """
     N = check_positive_int(N, "N")
@@ -338,7 +424,8 @@ def legs_basis(N: int, lags):
     s = as_float_array(lags, "lags", ndim=1)
     if np.any(s < 0):
         raise ValueError(f"lags: expected look-back times >= 0, got minimum {float(s.min())!r}")
-    z = 2.0 * np.exp(-s) - 1.0
+    dtype = float_dtype(lags)
+    z = 2.0 * np.exp(-s.astype(np.float64)) - 1.0
     out = np.empty((s.shape[0], N))
     # Legendre three-term recurrence: (n+1) P_{n+1} = (2n+1) z P_n - n P_{n-1}
     p_prev, p = np.ones_like(z), z
@@ -348,110 +435,118 @@ def legs_basis(N: int, lags):
     for n in range(1, N - 1):
         p_prev, p = p, ((2 * n + 1) * z * p - n * p_prev) / (n + 1)
         out[:, n + 1] = p
-    return out * np.sqrt(2.0 * np.arange(N) + 1.0)
+    return (out * np.sqrt(2.0 * np.arange(N) + 1.0)).astype(dtype)
 
 
 def legs_reconstruct(state, lags):
     """Reconstruct the past input from a HiPPO-LegS state: ``u(t - s) ~ sum_n h_n(t) g_n(s)`` (``eq-ssm-legs-reconstruct``).
 
-    ``state`` ``(N,)`` is the state at time ``t`` of ``h' = A h + B u`` with
+    ``state`` ``(..., N)`` is the state at time ``t`` of ``h' = A h + B u`` with
     :func:`hippo_legs` (continuous time, or its zero-order-hold discretization
     with step ``delta``, in which case a lag of ``k`` steps is ``s = k delta``);
-    ``lags`` ``(M,)`` are the look-back times ``s >= 0``. Returns ``(M,)``.
+    ``lags`` ``(M,)`` are the look-back times ``s >= 0``. Returns ``(..., M)``.
     """
-    h = as_float_array(state, "state", ndim=1)
-    return legs_basis(h.shape[0], lags) @ h
+    h = as_float_batch(state, "state", (None,), ("N",))
+    if h.shape[-1] < 1:
+        raise ValueError(f"state: expected at least one entry on the last axis, got shape {h.shape}")
+    G = legs_basis(h.shape[-1], lags)
+    dtype = float_dtype(state, lags)
+    return h.astype(dtype) @ G.T.astype(dtype)
 
 
 # ---------------------------------------------------------------------------
 # selective SSM (Mamba's S6)
 
-def softplus(x):
-    """``softplus(x) = log(1 + e^x)`` of ``eq-ssm-selective``, computed without overflow; any shape in, same shape out."""
-    return np.logaddexp(0.0, as_float_array(x, "x"))
-
-
 def selective_delta(raw, bias):
     """Mamba's step size: ``delta = softplus(raw + bias)`` (``eq-ssm-selective``).
 
-    ``raw`` ``(T, d)`` is the projection of the input, ``bias`` ``(d,)`` or a
-    scalar; returns ``(T, d)``, every entry positive.
+    ``raw`` ``(..., d)`` is the projection of the input (``(..., T, d)`` for a
+    sequence), ``bias`` ``(d,)`` or a scalar; returns the shape of ``raw``, every
+    entry positive.
     """
-    r = as_float_array(raw, "raw", ndim=2)
+    r = as_float_batch(raw, "raw", (None,), ("d",))
     b = as_float_array(bias, "bias", ndim=(0, 1))
     if b.ndim == 1:
-        check_dim(b, "bias", 0, r.shape[1], "d, the number of channels of raw")
-    return np.logaddexp(0.0, r + b)
+        check_dim(b, "bias", 0, r.shape[-1], "d, the number of channels of raw")
+    dtype = float_dtype(raw, bias)
+    return softplus(r.astype(dtype, copy=False) + b.astype(dtype, copy=False))
 
 
-def _selective_args(x, delta, A, B, C, D, initial_state):
-    xs = as_float_array(x, "x", ndim=2)
-    T, d = xs.shape
-    if T < 1:
+def _selective_args(x, delta, A, B, C, D, initial_state, *, sequence: bool = True):
+    """Validate a selective scan's inputs (a sequence ``(..., T, d)``, or one token ``(..., d)``).
+
+    Returns float arrays of one dtype; the initial state is broadcast to the leading
+    axes of all the data, ``(..., d, N)``.
+    """
+    core = ("T", "d") if sequence else ("d",)
+    xs = as_float_batch(x, "x", (None,) * len(core), core)
+    d = xs.shape[-1]
+    token = (xs.shape[-2],) if sequence else ()
+    if sequence and token[0] < 1:
         raise ValueError(f"x: expected at least one time step, got shape {xs.shape}")
-    dt = as_float_array(delta, "delta", shape=(T, d))
-    if np.any(dt <= 0):
-        raise ValueError(f"delta: expected positive step sizes, got minimum {float(dt.min())!r}")
+    dt = _positive(as_float_batch(delta, "delta", token + (d,), core), "delta")
     Aa = as_float_array(A, "A", ndim=2)
     check_dim(Aa, "A", 0, d, "d, the number of channels of x")
-    n = Aa.shape[1]
-    Bb = as_float_array(B, "B", ndim=2)
-    check_same_length("x", xs, "B", Bb)
-    check_dim(Bb, "B", 1, n, "N, the state size, from A")
-    Cc = as_float_array(C, "C", ndim=2)
-    check_same_length("x", xs, "C", Cc)
-    check_dim(Cc, "C", 1, n, "N, the state size, from A")
-    Dd = _skip(D, d)
+    N = Aa.shape[1]
+    Bb = as_float_batch(B, "B", token + (N,), core[:-1] + ("N",))
+    Cc = as_float_batch(C, "C", token + (N,), core[:-1] + ("N",))
+    Dd = np.zeros(()) if D is None else as_float_array(D, "D", ndim=(0, 1))
+    if Dd.ndim == 1:
+        check_dim(Dd, "D", 0, d, "d, the number of channels of x")
     if initial_state is None:
-        h0 = np.zeros((d, n))
+        h0 = np.zeros((d, N))
     else:
-        h0 = as_float_array(initial_state, "initial_state", shape=(d, n))
-    return xs, dt, Aa, Bb, Cc, Dd, h0
+        h0 = as_float_batch(initial_state, "initial_state", (d, N), ("d", "N"))
+    k = len(core)
+    lead = broadcast_leading(("x", xs, k), ("delta", dt, k), ("B", Bb, k), ("C", Cc, k),
+                             ("initial_state", h0, 2))
+    dtype = float_dtype(x, delta, A, B, C, D, initial_state)
+    h0 = np.broadcast_to(h0, lead + (d, N)).astype(dtype)
+    return (xs.astype(dtype, copy=False), dt.astype(dtype, copy=False), Aa.astype(dtype, copy=False),
+            Bb.astype(dtype, copy=False), Cc.astype(dtype, copy=False), Dd.astype(dtype), h0)
 
 
-def selective_scan_step(state, x_t, delta_t, A, B_t, C_t, D=None):
-    """One step of Mamba's selective SSM (``eq-ssm-selective``), for decoding.
-
-    ``h_t = exp(delta_t A) * h_{t-1} + (delta_t B_t) x_t`` (elementwise over the
-    ``(d, N)`` state), ``y_t = h_t C_t + D x_t``. Shapes: ``state`` ``(d, N)``,
-    ``x_t`` and ``delta_t`` ``(d,)``, ``A`` ``(d, N)``, ``B_t`` and ``C_t`` ``(N,)``,
-    ``D`` scalar or ``(d,)``. Returns ``(y_t, new_state)`` with shapes ``(d,)``, ``(d, N)``.
-    """
-    h = as_float_array(state, "state", ndim=2)
-    xs = as_float_array(x_t, "x_t", ndim=1)
-    y, h_new = selective_scan_sequential(xs[None], as_float_array(delta_t, "delta_t", ndim=1)[None],
-                                         A, as_float_array(B_t, "B_t", ndim=1)[None],
-                                         as_float_array(C_t, "C_t", ndim=1)[None], D,
-                                         initial_state=h, return_state=True)
-    return y[0], h_new
-
-
-def selective_scan_sequential(x, delta, A, B, C, D=None, *, initial_state=None,
-                              return_state: bool = False):
-    """Mamba's selective scan (S6), one token at a time: the reference loop (``eq-ssm-selective``).
-
-    ``selective_scan_sequential(x, delta, A, B, C, D=None, *, initial_state=None,
-    return_state=False) -> y`` or ``(y, final_state)``.
+def selective_scan_sequential(x, delta, A, B, C, *, D=None, initial_state=None):
+    """Mamba's selective scan (S6), one token at a time: the reference loop (``eq-ssm-selective``): ``(y, h)``.
 
     For each channel ``i`` and state index ``n``:
     ``h_t[i, n] = exp(delta_t[i] A[i, n]) h_{t-1}[i, n] + delta_t[i] B_t[n] x_t[i]``
     (``A_bar`` by zero-order hold, ``B_bar = delta B`` by Euler, as Mamba's code),
     ``y_t[i] = sum_n C_t[n] h_t[i, n] + D[i] x_t[i]`` (reads the updated state).
 
-    Shapes: ``x`` and ``delta`` ``(T, d)`` (``delta > 0``, e.g. from
+    Shapes: ``x`` and ``delta`` ``(..., T, d)`` (``delta > 0``, e.g. from
     :func:`selective_delta`), ``A`` ``(d, N)`` (negative entries for a stable
-    scan), ``B`` and ``C`` ``(T, N)`` (shared by the channels), ``D`` scalar or
-    ``(d,)``, ``initial_state`` ``(d, N)`` (default zeros). Returns ``y`` ``(T, d)``,
-    and the final state ``(d, N)`` when ``return_state``.
+    scan), ``B`` and ``C`` ``(..., T, N)`` (shared by the channels), ``D`` a
+    scalar or ``(d,)`` (default 0), ``initial_state`` ``(..., d, N)`` (default
+    zeros). The leading axes of ``x``, ``delta``, ``B``, ``C`` and
+    ``initial_state`` broadcast. Returns ``y`` ``(..., T, d)`` and the final
+    state ``h`` ``(..., d, N)``.
     """
-    xs, dt, Aa, Bb, Cc, Dd, h = _selective_args(x, delta, A, B, C, D, initial_state)
-    T, d = xs.shape
-    y = np.empty((T, d))
-    h = h.copy()
+    x, delta, A, B, C, D, h = _selective_args(x, delta, A, B, C, D, initial_state)
+    T = x.shape[-2]
+    y = np.empty(h.shape[:-2] + x.shape[-2:], dtype=h.dtype)
     for t in range(T):
-        h = np.exp(dt[t][:, None] * Aa) * h + (dt[t] * xs[t])[:, None] * Bb[t][None, :]
-        y[t] = h @ Cc[t] + Dd * xs[t]
-    return (y, h) if return_state else y
+        A_bar = np.exp(delta[..., t, :, None] * A)                  # exp(delta_t A), (..., d, N)
+        B_bar_x = (delta[..., t, :] * x[..., t, :])[..., None] * B[..., t, None, :]   # delta_t B_t x_t
+        h = A_bar * h + B_bar_x
+        y[..., t, :] = np.einsum("...in,...n->...i", h, C[..., t, :])   # C_t h_t
+    return y + D * x, h
+
+
+def selective_scan_step(x, delta, A, B, C, *, D=None, initial_state=None):
+    """One token of Mamba's selective SSM (``eq-ssm-selective``), for decoding: ``(y, h)``.
+
+    The signature of :func:`selective_scan_sequential` without the time axis:
+    ``x`` and ``delta`` ``(..., d)``, ``A`` ``(d, N)``, ``B`` and ``C``
+    ``(..., N)``, ``D`` a scalar or ``(d,)``, ``initial_state`` ``(..., d, N)``
+    (the state before this token; default zeros). Returns ``y`` ``(..., d)`` and
+    the new state ``(..., d, N)``:
+    ``h = exp(delta A) * h_prev + (delta x) B``, ``y = h C + D x``.
+    """
+    x, delta, A, B, C, D, h = _selective_args(x, delta, A, B, C, D, initial_state, sequence=False)
+    y, h = selective_scan_sequential(x[..., None, :], delta[..., None, :], A, B[..., None, :],
+                                     C[..., None, :], D=D, initial_state=h)
+    return y[..., 0, :], h
 
 
 def associative_scan(a, b, *, initial_state=None):
@@ -463,7 +558,8 @@ def associative_scan(a, b, *, initial_state=None):
     the number of sequential levels is about ``2 log2 T`` and the total work
     ``O(T)``; any length ``T`` works (an odd element waits one level).
 
-    ``a`` and ``b`` have the same shape ``(T, ...)`` (elementwise recurrences);
+    ``a`` and ``b`` have the same shape ``(T, ...)`` (elementwise recurrences,
+    time first);
     ``initial_state`` has shape ``a.shape[1:]`` (default zeros). Returns ``h`` of
     shape ``(T, ...)``.
     """
@@ -473,10 +569,11 @@ def associative_scan(a, b, *, initial_state=None):
         raise ValueError(f"a: expected an array of shape (T, ...) with T >= 1, got shape {aa.shape}")
     if bb.shape != aa.shape:
         raise ValueError(f"b: expected shape {aa.shape} to match a, got shape {bb.shape}")
-    bb = bb.astype(np.result_type(aa, bb), copy=True)
+    dtype = float_dtype(a, b, initial_state)
+    aa, bb = aa.astype(dtype, copy=False), bb.astype(dtype, copy=True)
     if initial_state is not None:
         h0 = as_float_array(initial_state, "initial_state", shape=aa.shape[1:])
-        bb[0] = bb[0] + aa[0] * h0
+        bb[0] = bb[0] + aa[0] * h0.astype(dtype, copy=False)
     _, h = _scan(aa, bb)
     return h
 
@@ -504,101 +601,172 @@ def _scan(a: np.ndarray, b: np.ndarray):
     return out_a, out_b
 
 
-def selective_scan_parallel(x, delta, A, B, C, D=None, *, initial_state=None,
-                            return_state: bool = False):
-    """Mamba's selective scan computed with the parallel associative scan (``eq-ssm-scan-op``).
+def selective_scan_parallel(x, delta, A, B, C, *, D=None, initial_state=None):
+    """Mamba's selective scan computed with the parallel associative scan (``eq-ssm-scan-op``): ``(y, h)``.
 
-    Same signature, conventions and result as :func:`selective_scan_sequential`:
-    ``selective_scan_parallel(x, delta, A, B, C, D=None, *, initial_state=None,
-    return_state=False) -> y`` or ``(y, final_state)``. Builds every step's
+    Same signature, shapes, conventions and result as
+    :func:`selective_scan_sequential` (``eq-ssm-selective``). Builds every step's
     ``A_bar_t = exp(delta_t A)`` and ``B_bar_t x_t = delta_t B_t x_t`` as
-    ``(T, d, N)`` arrays, scans them with :func:`associative_scan` (log depth,
-    vectorized) and reads out ``y_t = h_t C_t + D x_t``.
+    ``(..., T, d, N)`` arrays, scans them along the time axis with
+    :func:`associative_scan` (log depth, vectorized) and reads out
+    ``y_t = h_t C_t + D x_t``.
     """
-    xs, dt, Aa, Bb, Cc, Dd, h0 = _selective_args(x, delta, A, B, C, D, initial_state)
-    a = np.exp(dt[:, :, None] * Aa[None])                     # (T, d, N)
-    b = (dt * xs)[:, :, None] * Bb[:, None, :]                # (T, d, N)
-    h = associative_scan(a, b, initial_state=h0)
-    y = np.einsum("tin,tn->ti", h, Cc) + Dd * xs
-    return (y, h[-1].copy()) if return_state else y
+    x, delta, A, B, C, D, h0 = _selective_args(x, delta, A, B, C, D, initial_state)
+    shape = h0.shape[:-2] + x.shape[-2:] + A.shape[-1:]                       # (..., T, d, N)
+    a = np.broadcast_to(np.exp(delta[..., None] * A), shape)                  # A_bar_t
+    b = np.broadcast_to((delta * x)[..., None] * B[..., :, None, :], shape)    # B_bar_t x_t
+    h = np.moveaxis(associative_scan(np.moveaxis(a, -3, 0), np.moveaxis(b, -3, 0), initial_state=h0), 0, -3)
+    y = np.einsum("...tin,...tn->...ti", h, C) + D * x
+    return y, h[..., -1, :, :].copy()
 
 
 # ---------------------------------------------------------------------------
 # Mamba-2: state-space duality
 
-def _ssd_args(x, delta, a, B, C, D):
-    xs = as_float_array(x, "x", ndim=2)
-    T, P = xs.shape
+def _ssd_args(x, delta, a, B, C, D, initial_state, *, batched: bool = True):
+    """Validate one or many Mamba-2 heads; return float arrays of one dtype.
+
+    The initial state is broadcast to the leading axes of all the inputs,
+    ``(..., N, P)``. With ``batched=False`` (the one-chunk reference) no input may
+    have leading axes.
+    """
+    xs = as_float_batch(x, "x", (None, None), ("T", "P"))
+    T, P = xs.shape[-2:]
     if T < 1:
         raise ValueError(f"x: expected at least one time step, got shape {xs.shape}")
-    dt = as_float_array(delta, "delta", shape=(T,))
-    if np.any(dt <= 0):
-        raise ValueError(f"delta: expected positive step sizes, got minimum {float(dt.min())!r}")
-    aa = float(as_float_array(a, "a", ndim=0))
-    if aa > 0:
-        raise ValueError(f"a: expected a decay rate <= 0 (a stable scalar A), got {aa!r}")
-    Bb = as_float_array(B, "B", ndim=2)
-    check_same_length("x", xs, "B", Bb)
-    Cc = as_float_array(C, "C", ndim=2)
-    check_same_length("x", xs, "C", Cc)
-    check_dim(Cc, "C", 1, Bb.shape[1], "N, the state size, from B")
-    Dd = 0.0 if D is None else float(as_float_array(D, "D", ndim=0))
-    return xs, dt, aa, Bb, Cc, Dd
+    dt = _positive(as_float_batch(delta, "delta", (T,), ("T",)), "delta")
+    aa = as_float_array(a, "a")
+    if np.any(aa > 0):
+        raise ValueError(f"a: expected decay rates <= 0 (a stable scalar A per head), got {float(aa.max())!r}")
+    Bb = as_float_batch(B, "B", (T, None), ("T", "N"))
+    N = Bb.shape[-1]
+    Cc = as_float_batch(C, "C", (T, N), ("T", "N"))
+    Dd = np.zeros(()) if D is None else as_float_array(D, "D")
+    S0 = np.zeros((N, P)) if initial_state is None else as_float_batch(initial_state, "initial_state", (N, P),
+                                                                         ("N", "P"))
+    items = [("x", xs, 2), ("delta", dt, 1), ("a", aa, 0), ("B", Bb, 2), ("C", Cc, 2), ("D", Dd, 0),
+             ("initial_state", S0, 2)]
+    if not batched:
+        for name, arr, n_core in items:
+            if arr.ndim != n_core:
+                raise ValueError(f"{name}: expected no leading axes (one head, one chunk: x (T, P)), "
+                                 f"got shape {arr.shape}")
+    lead = broadcast_leading(*items)
+    dtype = float_dtype(x, delta, a, B, C, D, initial_state)
+    S0 = np.broadcast_to(S0, lead + (N, P)).astype(dtype)
+    return (xs.astype(dtype, copy=False), dt.astype(dtype, copy=False), aa.astype(dtype),
+            Bb.astype(dtype, copy=False), Cc.astype(dtype, copy=False), Dd.astype(dtype), S0)
 
 
-def ssd_recurrent(x, delta, a, B, C, D=None, *, return_state: bool = False):
-    """One Mamba-2 head as a recurrence: linear attention with a scalar decay (``eq-ssm-ssd-recurrent``).
+def ssd_recurrent(x, delta, a, B, C, *, D=None, initial_state=None):
+    """Mamba-2 heads as a recurrence: linear attention with a scalar decay (``eq-ssm-ssd-recurrent``): ``(y, S)``.
 
     ``S_t = exp(delta_t a) S_{t-1} + B_t (delta_t x_t)^T``, ``y_t = S_t^T C_t + D x_t``:
     the state ``S`` is ``(N, P)`` = ``(d_k, d_v)``, with query ``q_t = C_t``,
     key ``k_t = B_t``, value ``v_t = delta_t x_t`` and gate ``exp(delta_t a)``.
 
-    Shapes: ``x`` ``(T, P)``, ``delta`` ``(T,)`` positive, ``a`` a scalar ``<= 0``,
-    ``B`` and ``C`` ``(T, N)``, ``D`` a scalar. Returns ``y`` ``(T, P)`` (and the
-    final ``(N, P)`` state when ``return_state``).
+    Shapes: ``x`` ``(..., T, P)``, ``delta`` ``(..., T)`` positive, ``a`` ``<= 0``
+    one scalar per head and ``D`` (default 0) likewise, each of a shape that
+    broadcasts against the leading axes (``(H,)`` when they are ``(batch, H)``),
+    ``B`` and ``C`` ``(..., T, N)``, ``initial_state`` ``(..., N, P)`` (default
+    zeros). All leading axes broadcast. Returns ``y`` ``(..., T, P)`` and the
+    final state ``S`` ``(..., N, P)``.
     """
-    xs, dt, aa, Bb, Cc, Dd = _ssd_args(x, delta, a, B, C, D)
-    T, P = xs.shape
-    S = np.zeros((Bb.shape[1], P))
-    y = np.empty((T, P))
+    x, delta, a, B, C, D, S = _ssd_args(x, delta, a, B, C, D, initial_state)
+    T = x.shape[-2]
+    y = np.empty(S.shape[:-2] + x.shape[-2:], dtype=S.dtype)
     for t in range(T):
-        S = np.exp(dt[t] * aa) * S + np.outer(Bb[t], dt[t] * xs[t])
-        y[t] = S.T @ Cc[t] + Dd * xs[t]
-    return (y, S) if return_state else y
+        gate = np.exp(delta[..., t] * a)[..., None, None]               # g_t = exp(delta_t a)
+        k, v = B[..., t, :], delta[..., t, None] * x[..., t, :]        # k_t = B_t, v_t = delta_t x_t
+        S = gate * S + k[..., :, None] * v[..., None, :]                # S_t = g_t S_{t-1} + k_t v_t^T
+        y[..., t, :] = np.einsum("...np,...n->...p", S, C[..., t, :])   # S_t^T q_t with q_t = C_t
+    return y + D[..., None, None] * x, S
+
+
+def _segment_sums(log_gate: np.ndarray) -> np.ndarray:
+    """``seg[..., t, s] = sum_{r=s+1}^{t} log_gate[..., r]`` for ``s <= t``, else 0.
+
+    Formed segment by segment (cumulative sums down each column below the
+    diagonal), not as differences of one cumulative sum: no cancellation on long
+    sequences, and never a positive exponent when the gates are ``<= 0``.
+    """
+    T = log_gate.shape[-1]
+    rep = np.where(np.tri(T, k=-1, dtype=bool), log_gate[..., :, None], 0.0)
+    return np.cumsum(rep, axis=-2)
 
 
 def ssd_mask(delta, a):
     """The 1-semiseparable decay mask ``L[t, s] = exp(a * sum_{r=s+1}^{t} delta_r)`` for ``s <= t``, else 0 (``eq-ssm-ssd-matrix``).
 
-    ``delta`` ``(T,)`` positive, ``a`` scalar ``<= 0``; returns ``(T, T)``, lower
-    triangular with ones on the diagonal. The sums are formed segment by segment
-    (not as differences of one cumulative sum), so no precision is lost to
-    cancellation on long sequences.
+    ``delta`` ``(..., T)`` positive, ``a`` ``<= 0`` a scalar per head whose shape
+    broadcasts against the leading axes of ``delta``; returns ``(..., T, T)``,
+    lower triangular with ones on the diagonal. The sums are formed segment by
+    segment (not as differences of one cumulative sum), so no precision is lost
+    to cancellation on long sequences.
     """
-    dt = as_float_array(delta, "delta", ndim=1)
-    if np.any(dt <= 0):
-        raise ValueError(f"delta: expected positive step sizes, got minimum {float(dt.min())!r}")
-    aa = float(as_float_array(a, "a", ndim=0))
-    if aa > 0:
-        raise ValueError(f"a: expected a decay rate <= 0, got {aa!r}")
-    T = dt.shape[0]
-    logs = aa * dt
-    # seg[t, s] = sum_{r=s+1}^{t} logs[r]: cumulative sums down each column below the diagonal
-    rep = np.where(np.tri(T, k=-1, dtype=bool), logs[:, None] * np.ones((1, T)), 0.0)
-    seg = np.cumsum(rep, axis=0)
-    return np.where(np.tri(T, dtype=bool), np.exp(seg), 0.0)
+    dt = _positive(as_float_batch(delta, "delta", (None,), ("T",)), "delta")
+    aa = as_float_array(a, "a")
+    if np.any(aa > 0):
+        raise ValueError(f"a: expected decay rates <= 0, got {float(aa.max())!r}")
+    broadcast_leading(("delta", dt, 1), ("a", aa, 0))
+    dtype = float_dtype(delta, a)
+    log_gate = aa.astype(dtype)[..., None] * dt.astype(dtype, copy=False)      # gamma_r = log g_r = a delta_r
+    T = dt.shape[-1]
+    return np.where(np.tri(T, dtype=bool), np.exp(_segment_sums(log_gate)), 0.0)
 
 
-def ssd_quadratic(x, delta, a, B, C, D=None):
-    """One Mamba-2 head as masked, decayed linear attention (``eq-ssm-ssd-matrix``).
+def ssd_quadratic(x, delta, a, B, C, *, D=None, initial_state=None):
+    """Mamba-2 heads as masked, decayed linear attention (``eq-ssm-ssd-matrix``): ``(y, S)``.
 
     ``Y = (L o (C B^T)) (delta x) + D x`` with ``L = ssd_mask(delta, a)``: the
     ``(T, T)`` matrix ``M = L o (C B^T)`` is the semiseparable matrix the
-    recurrence multiplies by. Shapes as in :func:`ssd_recurrent`; returns ``(T, P)``.
+    recurrence ``eq-ssm-ssd-recurrent`` multiplies by. An initial state ``S_in``
+    adds ``Gamma_t S_in^T C_t`` to ``y_t`` (``Gamma_t = exp(a sum_{r<=t} delta_r)``),
+    and the final state is ``Gamma_{T-1} S_in + sum_s L[T-1, s] B_s (delta_s x_s)^T``:
+    the whole sequence is one chunk of :func:`ssd_chunk`. Shapes and
+    broadcasting as in :func:`ssd_recurrent`; returns ``y`` ``(..., T, P)`` and
+    the final state ``(..., N, P)``.
     """
-    xs, dt, aa, Bb, Cc, Dd = _ssd_args(x, delta, a, B, C, D)
-    M = ssd_mask(dt, aa) * (Cc @ Bb.T)
-    return M @ (dt[:, None] * xs) + Dd * xs
+    x, delta, a, B, C, D, S0 = _ssd_args(x, delta, a, B, C, D, initial_state)
+    log_gate = a[..., None] * delta                                       # gamma_t = log g_t, (..., T)
+    L = np.where(np.tri(x.shape[-2], dtype=bool), np.exp(_segment_sums(log_gate)), 0.0)
+    V = delta[..., None] * x                                              # values delta_s x_s
+    Bt = np.swapaxes(B, -1, -2)
+    decay_in = np.exp(np.cumsum(log_gate, axis=-1))                       # Gamma_t
+    y = (L * (C @ Bt)) @ V + decay_in[..., None] * (C @ S0) + D[..., None, None] * x
+    S = decay_in[..., -1, None, None] * S0 + Bt @ (L[..., -1, :, None] * V)
+    return y, S
+
+
+def ssd_chunk(x, delta, a, B, C, *, D=None, initial_state=None):
+    """One chunk of Mamba-2's chunked algorithm for one head: the reference form (``eq-ssm-ssd-chunk-out``, ``eq-ssm-ssd-chunk-state``).
+
+    Given the chunk's tokens ``t = 0, ..., T-1`` and the state ``S_in`` left by
+    the chunks before it, returns the chunk's outputs and the state it hands on.
+    With the decays ``g_r = exp(delta_r a)``, ``Gamma_t = prod_{r<=t} g_r`` the
+    decay from the chunk's start through token ``t`` and ``L`` the chunk's decay
+    mask (``L[t, s] = Gamma_t / Gamma_s``):
+
+    - intra-chunk, quadratic: ``Y_intra = (L o C B^T)(delta o X)``, the matrix
+      form ``eq-ssm-ssd-matrix`` restricted to the chunk;
+    - incoming state: ``y_t += Gamma_t S_in^T C_t``;
+    - outgoing state: ``S_out = Gamma_{T-1} S_in + sum_s L[T-1, s] B_s (delta_s x_s)^T``,
+      which is ``eq-ssm-ssd-recurrent`` unrolled over the chunk.
+
+    Run chunk after chunk, each ``S_out`` the next ``S_in``, this is Mamba-2's
+    SSD algorithm and gives what :func:`ssd_recurrent` gives. Shapes, without
+    leading axes: ``x`` ``(T, P)``, ``delta`` ``(T,)`` positive, ``a <= 0`` and
+    ``D`` scalars, ``B`` and ``C`` ``(T, N)``, ``initial_state`` ``(N, P)``
+    (default zeros). Returns ``(y, S_out)``, ``(T, P)`` and ``(N, P)``.
+    """
+    x, delta, a, B, C, D, S_in = _ssd_args(x, delta, a, B, C, D, initial_state, batched=False)
+    Gamma = np.exp(np.cumsum(a * delta))           # Gamma_t: decay from the chunk's start through t
+    L = ssd_mask(delta, a)                         # L[t, s] = Gamma_t / Gamma_s for s <= t
+    V = delta[:, None] * x                         # values v_s = delta_s x_s
+    y_intra = (L * (C @ B.T)) @ V                  # sum_{s<=t} L[t, s] (C_t . B_s) v_s
+    y_in = Gamma[:, None] * (C @ S_in)             # Gamma_t S_in^T C_t
+    S_out = Gamma[-1] * S_in + B.T @ (L[-1][:, None] * V)   # L[-1, s] = Gamma_{T-1} / Gamma_s
+    return y_intra + y_in + D * x, S_out
 
 
 # ---------------------------------------------------------------------------

@@ -42,13 +42,14 @@ def _halving_error():
     s = HALVING_SETUP
     state = np.zeros((2, 2))
     for _ in range(s["writes"]):
-        _, state = dr.delta_rule_step(state, s["key"], s["key"], s["value"], s["beta"])
+        _, state = dr.delta_rule_step(s["key"], s["key"], s["value"], beta=s["beta"], initial_state=state)
     return float(np.linalg.norm(s["value"] - state.T @ s["key"]))
 
 
 def _by_hand_recall():
     s = BY_HAND_SETUP
-    _, new = dr.gated_delta_rule_step(s["state"], s["key"], s["key"], s["value"], s["beta"], s["gate"])
+    _, new = dr.gated_delta_rule_step(s["key"], s["key"], s["value"], beta=s["beta"], log_gate=np.log(s["gate"]),
+                                      initial_state=s["state"])
     return new.T @ s["key"]
 
 
@@ -111,7 +112,7 @@ def check_delta_step(delta_step) -> CheckResult:
         rng = np.random.default_rng(20)
         for desc, S, k, v, beta in _cases(rng):
             got = call_student(delta_step, S.copy(), k.copy(), v.copy(), beta, case=desc)
-            _, expected = dr.delta_rule_step(S, k, k, v, beta)
+            _, expected = dr.delta_rule_step(k, k, v, beta=beta, initial_state=S)
             recall = S.T @ k
             _diagnose(got, {
                 "additive": (S + beta * np.outer(k, v),
@@ -148,7 +149,7 @@ def check_gated_delta_step(gated_delta_step) -> CheckResult:
         rng = np.random.default_rng(21)
         for desc, S, k, v, beta, g in _cases(rng, with_gate=True):
             got = call_student(gated_delta_step, S.copy(), k.copy(), v.copy(), beta, g, case=desc)
-            _, expected = dr.gated_delta_rule_step(S, k, k, v, beta, g)
+            _, expected = dr.gated_delta_rule_step(k, k, v, beta=beta, log_gate=np.log(g), initial_state=S)
             plain = S + beta * np.outer(k, v - S.T @ k)
             _diagnose(got, {
                 "correct_then_decay": (g * plain,
@@ -174,8 +175,8 @@ def check_gated_delta_step(gated_delta_step) -> CheckResult:
         # gate 1 must give back the delta rule
         desc, S, k, v, beta, _ = _cases(np.random.default_rng(22), with_gate=True)[0]
         got = call_student(gated_delta_step, S.copy(), k.copy(), v.copy(), beta, 1.0, case=desc + " with gate 1")
-        compare_arrays(got, dr.delta_rule_step(S, k, k, v, beta)[1], what="the new state with gate 1 "
-                       "(should equal the plain delta rule)", case=desc)
+        compare_arrays(got, dr.delta_rule_step(k, k, v, beta=beta, initial_state=S)[1],
+                       what="the new state with gate 1 (should equal the plain delta rule)", case=desc)
         return "your gated step decays first and corrects with the decayed state, as in eq-dr-gated"
 
     return run_check(label, body)
@@ -212,7 +213,7 @@ def check_exact_beta(exact_beta) -> CheckResult:
                 raise Failure(f"on {case}: expected a beta in [0, 1], got {beta:.6g}")
             state = rng.standard_normal((4, 3))
             value = rng.standard_normal(3)
-            _, new = dr.delta_rule_step(state, key, key, value, beta)
+            _, new = dr.delta_rule_step(key, key, value, beta=beta, initial_state=state)
             compare_arrays(new.T @ key, value, what=f"the recall after one write with your beta={beta:.6g}",
                            case=case, rtol=1e-9, atol=1e-9)
         return "one write with your beta is recalled exactly for keys of any length: beta = 1 / |k|^2"

@@ -133,12 +133,12 @@ def check_softmax_decode_step(decode_step) -> CheckResult:
     ``cache`` is ``None`` or ``(keys (n, d_k), values (n, d_v))``; the step appends
     the new key and value and attends over all ``n + 1`` of them with scale
     ``1/sqrt(d_k)``. Generating a 6-token sequence step by step must reproduce
-    :func:`fixedstate.softmax_attention.causal_softmax_attention`.
+    :func:`fixedstate.softmax_attention.softmax_attention`.
     """
     exercise = "ex-sm-decode-step"
     d_k, d_v, t = 4, 3, 6
     q, k, v = _seq(11, t, d_k, d_v)
-    reference = sa.causal_softmax_attention(q, k, v)
+    reference, _ = sa.softmax_attention(q, k, v)
 
     def body():
         cache = None
@@ -184,14 +184,16 @@ def check_linear_decode_step(decode_step) -> CheckResult:
 
     Linear attention with the elu+1 feature map and the normalizer (equations
     ``eq-la-recurrent`` and ``eq-la-readout``); the state is ``(d_k, d_v)``. Running it
-    over a sequence must reproduce :func:`fixedstate.linear_attention.linear_attention_recurrent`.
+    over a sequence must reproduce :func:`fixedstate.linear_attention.linear_attention_recurrent`
+    (whose state holds ``S`` and, as its last column, the normalizer ``z``).
     Diagnoses a transposed state, a missing normalizer, reading before writing, a
     missing feature map, a normalizer that is not updated, and an in-place update.
     """
     exercise = "ex-la-decode-step"
     d_k, d_v, t = 3, 2, 7
     q, k, v = _seq(21, t, d_k, d_v)
-    ref_out, ref_state, ref_norm = la.linear_attention_recurrent(q, k, v)
+    ref_out, ref_full_state = la.linear_attention_recurrent(q, k, v)
+    ref_state = ref_full_state[:, :d_v]                   # S; the last column is the normalizer z
     phi = la.elu_plus_one
 
     @np.errstate(divide="ignore", invalid="ignore")
@@ -261,7 +263,7 @@ def check_causal_linear_attention(causal_linear_attention) -> CheckResult:
             q, k, v = _seq(seed, t, d_k, d_v)
             case = f"a {t}-token sequence (d_k={d_k}, d_v={d_v})"
             got = call_student(causal_linear_attention, q.copy(), k.copy(), v.copy(), case=case)
-            expected = la.linear_attention_parallel(q, k, v)
+            expected, _ = la.linear_attention_parallel(q, k, v)
             pq, pk = la.elu_plus_one(q), la.elu_plus_one(k)
             w = pq @ pk.T
             low, strict = np.tril(w), np.tril(w, -1)
@@ -289,41 +291,90 @@ def check_causal_linear_attention(causal_linear_attention) -> CheckResult:
 
 # ------------------------------------------------------------------ numeric answers
 
+# The exercises' model shapes. Each differs from every shape the chapters print a result for,
+# so that no answer can be copied from a chapter's output.
+SM_128K = dict(n_layers=48, n_kv_heads=8, head_dim=128, bytes_per_element=2)   # ex-sm-128k
+SM_128K_QUERY_HEADS = 64
+CHAPTER_KV_SHAPE = dict(n_layers=32, n_kv_heads=32, head_dim=128, bytes_per_element=2)   # chapter 1's example
+LA_STATE_VS_CACHE = dict(n_layers=24, n_heads=16, d=64, bytes_per_element=4, context_len=32_768)
+LA_CROSSOVER = dict(r=256, d_k=64, d_v=128)                                      # ex-la-crossover
+SM_DECODE = dict(context_len=128_000, d_k=128, d_v=128)                            # ex-sm-decode-flops
+
+
 def _answers() -> dict:
-    kv_128k = costs.kv_cache_bytes(128_000, n_layers=32, head_dim=4096, bytes_per_element=2)
-    dec = costs.softmax_decode_flops(128_000, 128, 128)
-    state = costs.linear_state_numbers(d_k=128, d_v=128)
-    cache = costs.kv_cache_numbers(100_000, head_dim=128)
-    long_kv = costs.kv_cache_bytes(128_000, n_layers=32, n_kv_heads=32, head_dim=128)
-    long_state = costs.linear_state_bytes(n_layers=32, n_heads=32, d_k=128, d_v=128)
+    kv_128k = costs.kv_cache_bytes(128_000, **SM_128K)
+    kv_chapter = costs.kv_cache_bytes(128_000, **CHAPTER_KV_SHAPE)
+    dec = costs.softmax_decode_flops(**SM_DECODE)
+
+    m = LA_STATE_VS_CACHE
+    model = dict(n_layers=m["n_layers"], bytes_per_element=m["bytes_per_element"])
+    state = costs.linear_state_bytes(n_heads=m["n_heads"], d_k=m["d"], d_v=m["d"], **model)
+    state_z = costs.linear_state_bytes(n_heads=m["n_heads"], d_k=m["d"], d_v=m["d"],
+                                       include_normalizer=True, **model)
+    cache_args = dict(n_kv_heads=m["n_heads"], head_dim=m["d"], **model)
+    cache = costs.kv_cache_bytes(m["context_len"], **cache_args)
+    per_token = costs.kv_cache_bytes(1, **cache_args)
+    equal = -(-state // per_token)                     # the shortest context whose cache >= the states
+    equal_z = -(-state_z // per_token)
+    equal_keys_only = -(-state // (per_token // 2))
+
+    r, d_k, d_v = LA_CROSSOVER["r"], LA_CROSSOVER["d_k"], LA_CROSSOVER["d_v"]
+    cross = costs.crossover_length(r, d_k, d_v)
+    cross_causal = costs.crossover_length(r, d_k, d_v, causal=True)
     return {
         "ex-sm-128k": dict(
             value=kv_128k / 1e9, tolerance=0.005, relative=True, unit="GB (10^9 bytes)",
             hints=[(kv_128k / 2e9, "half: count a key and a value per token"),
                    (kv_128k / 2**30, "that is GiB (2^30 bytes); the question asks for GB = 10^9 bytes"),
-                   (kv_128k / 1e9 * 131_072 / 128_000, "you used 131,072 tokens; the question says 128,000")]),
+                   (kv_128k / 1e9 * 131_072 / 128_000, "you used 131,072 tokens; the question says 128,000"),
+                   (kv_128k / 1e9 * SM_128K_QUERY_HEADS / SM_128K["n_kv_heads"],
+                    "you counted the 64 query heads: with grouped-query attention only the 8 key-value "
+                    "heads keep keys and values"),
+                   (kv_chapter / 1e9, "that is the chapter's example model (32 layers, 32 key-value heads); "
+                                      "this one has 48 layers and 8 key-value heads")]),
         "ex-sm-decode-flops": dict(
             value=dec / 1e6, tolerance=0.005, relative=True, unit="MFLOP",
             hints=[(dec / 2e6, "half: a multiply-add counts as 2 FLOPs, and both the scores (d_k) "
                                "and the weighted sum (d_v) count")]),
-        "ex-la-state-vs-cache/state": dict(value=state, tolerance=0, relative=False, unit="numbers",
-                                           hints=[(2 * state, "the state is ONE d_k x d_v matrix, not "
-                                                              "a key part and a value part")]),
-        "ex-la-state-vs-cache/cache": dict(value=cache, tolerance=0, relative=False, unit="numbers",
-                                           hints=[(cache / 2, "half: the cache keeps a key and a value "
-                                                              "per token")]),
-        "ex-la-crossover/full": dict(value=costs.crossover_length(256, 64, 64), tolerance=0,
-                                     relative=False, unit="tokens",
-                                     hints=[(256, "at T = r the two costs are equal; the question asks "
-                                                  "for the first length where linear is strictly cheaper")]),
-        "ex-la-crossover/causal": dict(value=costs.crossover_length(256, 64, 64, causal=True), tolerance=0,
-                                       relative=False, unit="tokens",
-                                       hints=[(costs.crossover_length(256, 64, 64), "that is the crossover "
-                                               "for the full square; counting only the causal half halves "
-                                               "softmax's cost")]),
-        "ex-la-long-context": dict(value=long_kv / long_state, tolerance=0.005, relative=True,
-                                   unit="(KV-cache bytes / state bytes)",
-                                   hints=[(long_kv / long_state / 2, "half: the cache keeps keys AND values")]),
+        "ex-la-state-vs-cache/state": dict(
+            value=state, tolerance=0, relative=False, unit="bytes",
+            hints=[(state_z, "that includes the normaliser z; the question leaves it out"),
+                   (state // m["bytes_per_element"], "that is the number of numbers: multiply by the "
+                                                    "4 bytes of a float32"),
+                   (state // 2, "half: this model stores float32 numbers, 4 bytes each"),
+                   (2 * state, "the state of a head is ONE d_k x d_v matrix, not a key part and a "
+                               "value part"),
+                   (state // (m["n_layers"] * m["n_heads"]), "that is one head of one layer: every head "
+                                                              "of every layer keeps its own state")]),
+        "ex-la-state-vs-cache/cache": dict(
+            value=cache, tolerance=0, relative=False, unit="bytes",
+            hints=[(cache // 2, "half: the cache keeps a key AND a value per token, each in 4 bytes "
+                                "(float32)"),
+                   (cache // m["bytes_per_element"], "that is the number of numbers: multiply by the "
+                                                    "4 bytes of a float32"),
+                   (costs.kv_cache_bytes(32_000, **cache_args), "you used 32,000 tokens; the context "
+                                                                "is 32,768 = 2^15")]),
+        "ex-la-state-vs-cache/equal": dict(
+            value=equal, tolerance=0, relative=False, unit="tokens",
+            hints=[(equal_z, "that counts the normaliser z in the state; the question leaves it out "
+                             "(and at that length the cache is already larger)"),
+                   (equal_keys_only, "the cache keeps a key AND a value per token: it catches up "
+                                     "twice as fast")]),
+        "ex-la-crossover/full": dict(
+            value=cross, tolerance=0, relative=False, unit="tokens",
+            hints=[(r + 1, "T > r holds only when d_k = d_v; here the condition is "
+                           "T > 2 r d_v / (d_k + d_v)"),
+                   (cross - 1, "at that length linear attention still costs more: T must be strictly "
+                               "larger than 2 r d_v / (d_k + d_v)"),
+                   (costs.crossover_length(r, d_v, d_k), "you swapped d_k and d_v: linear attention "
+                                                         "costs 4 T r d_v")]),
+        "ex-la-crossover/causal": dict(
+            value=cross_causal, tolerance=0, relative=False, unit="tokens",
+            hints=[(cross, "that is the crossover for the full square; counting only the causal half "
+                           "halves softmax's cost"),
+                   (2 * r, "T = 2r holds only when d_k = d_v"),
+                   (cross_causal + 1, "the visible pairs number T(T+1)/2, not T^2/2: linear attention "
+                                      "is already cheaper one token earlier")]),
     }
 
 

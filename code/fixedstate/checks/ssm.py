@@ -25,30 +25,39 @@ from ._core import (CheckResult, check_numeric, Failure, call_student, compare_a
                     run_check)
 
 __all__ = ["ANSWERS", "check_answer", "check_discretize_zoh", "check_ssm_kernel",
-           "check_selective_step", "KV_PROBLEM"]
+           "check_selective_step", "KV_CROSSOVER"]
 
-#: The worked problem of source 004: one stream, d = 4096, 32 layers, fp16, 128,000 tokens, N = 16.
-KV_PROBLEM = dict(d_model=4096, n_layers=32, bytes_per_number=2, context=128_000, state_size=16)
+#: Exercise ex-ssm-kv-vs-state: one grouped-query attention layer (8 key-value heads of width 128,
+#: bf16) against one Mamba-2-shaped layer (d = 2560 expanded by 2, N = 128, float32 state).
+KV_CROSSOVER = dict(n_kv_heads=8, head_dim=128, kv_bytes=2, d_model=2560, expand=2, state_size=128,
+                    state_bytes=4)
 
 
 def _answers() -> dict[str, dict]:
-    p = KV_PROBLEM
-    kv = costs.kv_cache_bytes(p["context"], n_layers=p["n_layers"], n_kv_heads=1,
-                              head_dim=p["d_model"], bytes_per_element=p["bytes_per_number"])
-    state = ssm.ssm_state_bytes(p["d_model"], p["n_layers"], p["state_size"],
-                                bytes_per_number=p["bytes_per_number"])
+    p = KV_CROSSOVER
+    state = ssm.ssm_state_bytes(p["d_model"], 1, p["state_size"], bytes_per_number=p["state_bytes"],
+                                expand=p["expand"])
+    per_token = costs.kv_cache_bytes(1, n_kv_heads=p["n_kv_heads"], head_dim=p["head_dim"],
+                                     bytes_per_element=p["kv_bytes"])
+    crossover = state // per_token + 1        # the first context s with s * per_token > state
     # selectivity: with A = -1, the step at which a token's write leaves half of the old state
     a = -1.0
     half = math.log(0.5) / a
     # associativity: the pairwise scan's number of sequential levels for T = 128,000 (up and down)
-    levels = _scan_levels(p["context"])
+    levels = _scan_levels(128_000)
     return {
-        "ex-ssm-kv-gb": dict(value=kv / 1e9, tolerance=0.01, relative=True,
-                             what="the KV cache at 128,000 tokens, in GB (1 GB = 1e9 bytes)"),
-        "ex-ssm-state-mb": dict(value=state / 1e6, tolerance=0.01, relative=True,
-                                what="the N = 16 SSM state of the 32 layers, in MB (1 MB = 1e6 bytes)"),
-        "ex-ssm-ratio": dict(value=kv / state, tolerance=0.01, relative=True,
-                             what="how many times larger the KV cache is than the SSM state"),
+        "ex-ssm-kv-vs-state/state-bytes": dict(
+            value=state, tolerance=0, what="the state of the SSM layer, in bytes",
+            hints=[(state // 2, "half: the state has N numbers for each of the 2d expanded channels, "
+                                "each in 4 bytes (float32)")]),
+        "ex-ssm-kv-vs-state/kv-bytes-per-token": dict(
+            value=per_token, tolerance=0, what="the bytes one token adds to the KV cache",
+            hints=[(per_token // 2, "half: a token leaves a key AND a value in each key-value head")]),
+        "ex-ssm-kv-vs-state/crossover": dict(
+            value=crossover, tolerance=0,
+            what="the shortest context at which the KV cache is strictly larger than the state, in tokens",
+            hints=[(crossover - 1, "at that context the cache and the state are the same size; the "
+                                   "question asks for the first context at which the cache is larger")]),
         "ex-ssm-half-step": dict(value=half, tolerance=1e-3, relative=True,
                                  what="the step size delta that keeps half of the old state when A = -1"),
         "ex-ssm-scan-levels": dict(value=levels, tolerance=0, relative=False,
@@ -155,7 +164,7 @@ def check_ssm_kernel(ssm_kernel) -> CheckResult:
             compare_arrays(K, want, what="K", case=case, rtol=1e-9, atol=1e-12)
             # the kernel's raison d'etre: convolution reproduces the recurrence
             x = np.random.default_rng(L).normal(size=L)
-            compare_arrays(ssm.causal_conv(x, K_arr), ssm.lti_recurrence(A_bar, B_bar, C, x),
+            compare_arrays(ssm.causal_conv(x, K_arr), ssm.lti_recurrence(x, A_bar, B_bar, C)[0],
                            what="the convolution of your kernel with an input", case=case)
         return "K_j = C A_bar^j B_bar, and K * x equals the recurrence on all cases"
 
@@ -193,7 +202,7 @@ def check_selective_step(selective_step) -> CheckResult:
             if not isinstance(out, tuple) or len(out) != 2:
                 raise Failure(f"on {case}: expected a pair (y_t, new_state), got {type(out).__name__}")
             y, new = (np.asarray(o, dtype=float) for o in out)
-            want_y, want_h = ssm.selective_scan_step(state, x, delta, A, B, C, D)
+            want_y, want_h = ssm.selective_scan_step(x, delta, A, B, C, D=D, initial_state=state)
             decay = np.exp(delta[:, None] * A)
             if new.shape == want_h.T.shape and new.shape != want_h.shape:
                 raise Failure(f"new_state on {case} has shape {new.shape}, the transpose of (d, N) = "

@@ -1,4 +1,13 @@
-"""Figures that work with a kernel and without one.
+"""Figures that work with a kernel and without one, and each chapter's drawing code.
+
+This package holds everything that draws; the cores never import matplotlib.
+One submodule per chapter module holds that chapter's drawing functions:
+
+- :mod:`fixedstate.figures.delta_rule`: ``four_writes``, ``draw_four_writes``;
+- :mod:`fixedstate.figures.recall`: ``draw_lab``, ``draw_capacity``.
+
+The helpers below (:func:`book_style`, :func:`interactive_figure`,
+:func:`figure_png`, :func:`grid_size`) serve every chapter.
 
 The book's interactive figures are sliders over a drawing function from this
 package. Two modes share one call:
@@ -28,7 +37,7 @@ import os
 import time
 from typing import Callable, Mapping, Sequence
 
-__all__ = ["book_style", "interactive_figure", "figure_png", "FIGURE_MODES"]
+__all__ = ["book_style", "interactive_figure", "figure_png", "grid_size", "FIGURE_MODES"]
 
 FIGURE_MODES = ("live", "frames")
 _ENV = "FIXEDSTATE_FIGURES"

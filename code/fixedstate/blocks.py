@@ -1,0 +1,351 @@
+"""Building blocks: the parts every layer of the book is built from.
+
+The cores (:mod:`fixedstate.linear_attention`, :mod:`fixedstate.delta_rule`,
+:mod:`fixedstate.ssm`, :mod:`fixedstate.softmax_attention`) mix tokens; a real
+layer wraps a core in the small parts collected here, and a model stacks the
+layers with the same parts. Each part is a few lines of numpy:
+
+- :func:`linear`: a projection ``x W + b``;
+- :func:`rms_norm`, :func:`gated_rms_norm`: RMSNorm, and RMSNorm with a SiLU gate
+  (the output norm of Gated DeltaNet in Qwen3-Next and of Mamba-2);
+- :func:`l2_normalize`: unit-length queries and keys (the delta-rule family);
+- :func:`silu`, :func:`sigmoid`, :func:`softplus`: the activations and gates;
+- :func:`short_conv`, :func:`short_conv_step`: the depthwise causal convolution
+  over a few tokens that Mamba, Mamba-2, Gated DeltaNet and KDA put in front of
+  their core, with its decode cache (the last ``K - 1`` inputs);
+- :func:`mlp`: the SiLU MLP of a block (no residual inside);
+- :func:`embedding`: token ids to vectors.
+
+Conventions, as in the rest of the package: vectors are rows and the feature
+axis is the last one, so every part accepts leading axes (batch, heads, time,
+...): ``x`` is ``(..., d)``. Weight matrices are ``(d_in, d_out)`` and a
+projection is ``x @ W`` (PyTorch's ``nn.Linear`` stores the transpose,
+``(d_out, d_in)``, and computes ``x W^T``). The floating precision of the
+input is kept (float32 in, float32 out; integers become float64); a float64
+weight with a float32 ``x`` gives float64, numpy's usual promotion. Bad input
+raises ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+from scipy.special import expit
+
+from ._validate import as_float_array, broadcast_leading, check_dim
+
+__all__ = [
+    "linear",
+    "rms_norm",
+    "gated_rms_norm",
+    "l2_normalize",
+    "silu",
+    "sigmoid",
+    "softplus",
+    "short_conv",
+    "short_conv_step",
+    "mlp",
+    "embedding",
+]
+
+
+# ---------------------------------------------------------------------------- checks
+
+def _eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps: expected a positive finite number, got {eps!r}")
+    return float(eps)
+
+
+def _features(x, name: str, *, min_ndim: int = 1, finite: bool = True) -> np.ndarray:
+    """``x`` as a float array with at least ``min_ndim`` axes and a non-empty feature axis.
+
+    ``finite=False`` leaves the check for NaN and infinity to :func:`_finite_result`.
+    """
+    arr = as_float_array(x, name, allow_nonfinite=not finite)
+    if arr.ndim < min_ndim:
+        raise ValueError(f"{name}: expected an array with at least {min_ndim} axes "
+                         f"(..., {'T, ' if min_ndim == 2 else ''}d), got shape {arr.shape}")
+    if arr.shape[-1] < 1:
+        raise ValueError(f"{name}: expected at least one feature on the last axis, got shape {arr.shape}")
+    return arr
+
+
+def _finite_result(out: np.ndarray, *inputs) -> np.ndarray:
+    """Return ``out``; if it holds NaN or infinity, raise naming the input that brought them.
+
+    For the products with a weight matrix: a NaN or infinity in an input reaches
+    the output, so checking the (smaller) output first spares checking every
+    weight at every call, which for one decoded token costs as much as the
+    product itself. ``inputs`` are ``(name, array)`` pairs, checked only when the
+    output is not finite; if all are finite the overflow is the arithmetic's, and
+    ``out`` is returned as it is.
+    """
+    if np.isfinite(out).all():
+        return out
+    for name, arr in inputs:
+        as_float_array(arr, name)
+    return out
+
+
+def _weight_vector(weight, name: str, d: int, what: str) -> np.ndarray:
+    w = as_float_array(weight, name, ndim=1)
+    check_dim(w, name, 0, d, what)
+    return w
+
+
+# ---------------------------------------------------------------------------- activations
+
+def sigmoid(x):
+    """The logistic function ``1 / (1 + e^{-x})``, computed without overflow.
+
+    Any shape in, the same shape out. Gates in ``(0, 1)`` (``beta`` of the
+    delta rule, output gates) are sigmoids of projections.
+    """
+    return expit(as_float_array(x, "x"))
+
+
+def silu(x):
+    """SiLU (swish): ``x * sigmoid(x)``. Any shape in, the same shape out."""
+    x = as_float_array(x, "x")
+    return x * expit(x)
+
+
+def softplus(x):
+    """``softplus(x) = log(1 + e^x)``, computed without overflow (``np.logaddexp(0, x)``).
+
+    Mamba's step size is ``delta = softplus(raw + bias)`` (equation
+    ``eq-ssm-selective``): positive, but for ``x`` below about -745 (float64) it underflows
+    to 0. Any shape in, the same shape out.
+    """
+    return np.logaddexp(0.0, as_float_array(x, "x"))
+
+
+# ---------------------------------------------------------------------------- projections
+
+def linear(x, weight, bias=None):
+    """A projection, ``x @ weight + bias``.
+
+    Parameters
+    ----------
+    x : ``(..., d_in)``
+    weight : ``(d_in, d_out)`` (the transpose of PyTorch's ``nn.Linear.weight``)
+    bias : ``(d_out,)`` or None
+
+    Returns
+    -------
+    ``(..., d_out)``
+    """
+    x = _features(x, "x", finite=False)
+    w = as_float_array(weight, "weight", ndim=2, allow_nonfinite=True)
+    check_dim(w, "weight", 0, x.shape[-1], "d_in, the last axis of x")
+    with np.errstate(invalid="ignore"):  # NaN from a non-finite input: reported below, by name
+        out = x @ w
+    if bias is not None:
+        out = out + _weight_vector(bias, "bias", w.shape[1], "d_out, the second axis of weight")
+    return _finite_result(out, ("x", x), ("weight", w))
+
+
+def mlp(x, W_1, W_2):
+    """The SiLU MLP of a block: ``silu(x @ W_1) @ W_2``, with no residual inside.
+
+    A pre-norm block adds it to its input: ``x + mlp(rms_norm(x), W_1, W_2)``.
+
+    Parameters
+    ----------
+    x : ``(..., d)``
+    W_1 : ``(d, d_ff)``
+    W_2 : ``(d_ff, d)`` (any output width ``(d_ff, d_out)``)
+
+    Returns
+    -------
+    ``(..., d_out)``
+    """
+    x = _features(x, "x", finite=False)
+    w1 = as_float_array(W_1, "W_1", ndim=2, allow_nonfinite=True)
+    w2 = as_float_array(W_2, "W_2", ndim=2, allow_nonfinite=True)
+    check_dim(w1, "W_1", 0, x.shape[-1], "d, the last axis of x")
+    check_dim(w2, "W_2", 0, w1.shape[1], "d_ff, the second axis of W_1")
+    with np.errstate(invalid="ignore"):  # NaN from a non-finite input: reported below, by name
+        u = x @ w1
+        out = (u * expit(u)) @ w2
+    return _finite_result(out, ("x", x), ("W_1", w1), ("W_2", w2))
+
+
+def embedding(tokens, table):
+    """Token ids to vectors: row ``tokens[...]`` of ``table``.
+
+    Parameters
+    ----------
+    tokens : integer array ``(...)``, every id in ``[0, vocab_size)``
+    table : ``(vocab_size, d)``; the rows looked up must be finite
+
+    Returns
+    -------
+    ``(..., d)``, the dtype of ``table``
+    """
+    ids = np.asarray(tokens)
+    if ids.dtype == bool or ids.dtype.kind not in "iu":
+        raise ValueError(f"tokens: expected an integer array of token ids, got dtype {ids.dtype}")
+    tab = as_float_array(table, "table", ndim=2, allow_nonfinite=True)
+    if ids.size and (ids.min() < 0 or ids.max() >= tab.shape[0]):
+        raise ValueError(f"tokens: expected ids in [0, {tab.shape[0]}) (the rows of table), got values "
+                         f"in [{int(ids.min())}, {int(ids.max())}]")
+    out = tab[ids]
+    if not np.isfinite(out).all():
+        raise ValueError("table: expected finite values in the rows looked up, got NaN or infinity")
+    return out
+
+
+# ---------------------------------------------------------------------------- norms
+
+def rms_norm(x, weight=None, *, eps=1e-6):
+    """RMSNorm: ``x / sqrt(mean(x^2) + eps) * weight`` over the last axis.
+
+    Parameters
+    ----------
+    x : ``(..., d)``
+    weight : ``(d,)`` or None (no scaling)
+    eps : positive, added to the mean square
+
+    Returns
+    -------
+    ``(..., d)``
+    """
+    x = _features(x, "x")
+    eps = _eps(eps)
+    out = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    if weight is not None:
+        out = out * _weight_vector(weight, "weight", x.shape[-1], "d, the last axis of x")
+    return out
+
+
+def gated_rms_norm(x, z, weight=None, *, eps=1e-6, norm_before_gate=True):
+    """RMSNorm with a SiLU gate: ``rms_norm(x, weight) * silu(z)``.
+
+    The output norm of a Gated DeltaNet layer (Qwen3-Next's ``RMSNormGated``):
+    normalise the core's output ``x``, then multiply by ``silu(z)`` with ``z`` a
+    projection of the layer's input. With ``norm_before_gate=False`` the gate
+    comes first, ``rms_norm(x * silu(z), weight)``: the default of Mamba-2's
+    gated norm (``mamba_ssm``'s ``RMSNormGated``, ``norm_before_gate=False``).
+
+    Parameters
+    ----------
+    x : ``(..., d)``
+    z : ``(..., d)``, leading axes broadcasting with those of ``x``
+    weight : ``(d,)`` or None
+    eps : positive
+    norm_before_gate : bool
+
+    Returns
+    -------
+    ``(..., d)`` with the broadcast leading axes
+    """
+    x = _features(x, "x")
+    z = _features(z, "z")
+    check_dim(z, "z", -1, x.shape[-1], "d, the last axis of x")
+    broadcast_leading(("x", x, 1), ("z", z, 1))
+    if not isinstance(norm_before_gate, (bool, np.bool_)):
+        raise ValueError(f"norm_before_gate: expected True or False, got {norm_before_gate!r}")
+    gate = z * expit(z)
+    if norm_before_gate:
+        return rms_norm(x, weight, eps=eps) * gate
+    return rms_norm(x * gate, weight, eps=eps)
+
+
+def l2_normalize(x, *, eps=1e-6):
+    """Unit length along the last axis: ``x / sqrt(sum(x^2) + eps)``.
+
+    The form of ``flash-linear-attention``'s and Qwen3-Next's ``l2norm`` (the
+    ``eps`` sits inside the square root, so a zero vector stays zero). Keys
+    of the delta-rule family are normalised so that the erase factor
+    ``I - beta k k^T`` only shrinks.
+
+    ``x`` ``(..., d)``; returns ``(..., d)``.
+    """
+    x = _features(x, "x")
+    eps = _eps(eps)
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+# ---------------------------------------------------------------------------- short convolution
+
+def _conv_args(x, weight, initial_state, bias, *, token: bool):
+    x = _features(x, "x", min_ndim=1 if token else 2)
+    d = x.shape[-1]
+    w = as_float_array(weight, "weight", ndim=2)
+    check_dim(w, "weight", 0, d, "d, the channels (last axis) of x")
+    K = w.shape[1]
+    if K < 1:
+        raise ValueError(f"weight: expected at least one tap, shape (d, K) with K >= 1, got shape {w.shape}")
+    core = 1 if token else 2
+    lead = x.shape[:x.ndim - core]
+    if initial_state is None:
+        state = np.zeros(lead + (K - 1, d), dtype=np.result_type(x, w))
+    else:
+        state = as_float_array(initial_state, "initial_state")
+        if state.ndim < 2 or state.shape[-2:] != (K - 1, d):
+            raise ValueError(f"initial_state: expected shape (..., K-1, d) = (..., {K - 1}, {d}) "
+                             f"(the last K-1 inputs), got shape {state.shape}")
+        lead = broadcast_leading(("x", x, core), ("initial_state", state, 2))
+    b = None if bias is None else _weight_vector(bias, "bias", d, "d, the channels of x")
+    x = np.broadcast_to(x, lead + x.shape[x.ndim - core:])
+    state = np.broadcast_to(state, lead + state.shape[-2:])
+    return x, w, state, b
+
+
+def short_conv(x, weight, *, initial_state=None, bias=None):
+    """Depthwise causal convolution over the last ``K`` tokens, one filter per channel.
+
+    ``y_t[c] = sum_{j=0}^{K-1} weight[c, j] x_{t-K+1+j}[c] (+ bias[c])``: the last
+    tap ``weight[:, K-1]`` multiplies the current token, as in PyTorch's
+    ``conv1d`` with ``K - 1`` zeros padded on the left (``causal_conv1d_fn``).
+    Tokens before the sequence are the rows of ``initial_state`` (zeros when it
+    is None). Real layers apply SiLU to the result; this part does not.
+
+    Parameters
+    ----------
+    x : ``(..., T, d)``
+    weight : ``(d, K)``, ``K >= 1`` (Mamba and Gated DeltaNet use ``K = 4``)
+    initial_state : ``(..., K-1, d)`` or None: the ``K - 1`` inputs before ``x``,
+        oldest first; leading axes broadcast with those of ``x``
+    bias : ``(d,)`` or None (Mamba's convolution has one, Qwen3-Next's not)
+
+    Returns
+    -------
+    (y, conv_state) : ``y`` ``(..., T, d)``; ``conv_state`` ``(..., K-1, d)``, the
+        last ``K - 1`` inputs (of ``initial_state`` followed by ``x``), the
+        decode cache that :func:`short_conv_step` continues from.
+    """
+    x, w, state, b = _conv_args(x, weight, initial_state, bias, token=False)
+    K, T = w.shape[1], x.shape[-2]
+    padded = np.concatenate([state, x], axis=-2)  # (..., K-1+T, d)
+    y = sum(w[:, j] * padded[..., j:j + T, :] for j in range(K))
+    if b is not None:
+        y = y + b
+    return y, padded[..., T:, :].copy()
+
+
+def short_conv_step(x, weight, *, initial_state=None, bias=None):
+    """One token of :func:`short_conv`: the decode step with its cache.
+
+    Parameters
+    ----------
+    x : ``(..., d)``, one token
+    weight : ``(d, K)``
+    initial_state : ``(..., K-1, d)`` or None (zeros): the last ``K - 1`` inputs
+    bias : ``(d,)`` or None
+
+    Returns
+    -------
+    (y, conv_state) : ``y`` ``(..., d)``; ``conv_state`` ``(..., K-1, d)``, the
+        cache shifted by one token with ``x`` as its newest row.
+    """
+    x, w, state, b = _conv_args(x, weight, initial_state, bias, token=True)
+    window = np.concatenate([state, x[..., None, :]], axis=-2)  # (..., K, d)
+    y = np.sum(w.T * window, axis=-2)
+    if b is not None:
+        y = y + b
+    return y, window[..., 1:, :].copy()
