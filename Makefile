@@ -23,6 +23,7 @@ help:
 	@echo "make execute       re-execute every notebook in place from a clean kernel"
 	@echo "make bench         time the chunkwise delta rule against the recurrence"
 	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
+	@echo "make grade         grade a folder of exercise notebooks: make grade SUBMISSIONS=<folder>"
 
 venv: $(STAMP)
 
@@ -82,6 +83,20 @@ execute: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/delta_rule_bench.py
+
+# Grade a folder of submitted exercise notebooks (the "Grading" section of appendix/instructors.md):
+#   make grade SUBMISSIONS=<folder> [CHAPTERS="03 04"] [GRADE_OUT=<dir>] [GRADE_FLAGS="--timeout 300"]
+# Without SUBMISSIONS, grade a fake class generated from the current exercises and solutions.
+.PHONY: grade
+SUBMISSIONS ?=
+CHAPTERS ?=
+GRADE_OUT ?= _build/grade
+GRADE_FLAGS ?=
+GRADE_FIXTURES := _build/grade/fixtures
+grade: $(STAMP)
+	$(if $(SUBMISSIONS),,rm -rf $(GRADE_FIXTURES) && $(BIN)/python tools/make_grade_fixtures.py $(GRADE_FIXTURES))
+	$(BIN)/python tools/grade.py "$(or $(SUBMISSIONS),$(GRADE_FIXTURES))" --out "$(GRADE_OUT)" \
+	  $(if $(CHAPTERS),--chapters $(CHAPTERS)) $(if $(SUBMISSIONS),,--cell-timeout 5 --timeout 60) $(GRADE_FLAGS)
 
 clean:
 	rm -rf _build

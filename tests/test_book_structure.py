@@ -229,3 +229,81 @@ def test_every_worked_solution_passes_its_check_and_every_starter_does_not(nb):
     assert "PASSED" not in starter, f"exercises/{nb.name}: a starter already passes its check"
     assert starter.count("NOT YET") == solved.count("PASSED"), \
         f"exercises/{nb.name}: every check the solutions pass should stand unfinished in the starter"
+
+
+# ---------------------------------------------------------------- numbers, difficulty and points (issue #18)
+
+#: The badge every exercise title ends with; tools/grade.py reads the points from it.
+BADGE = re.compile(r"\((★{1,3}), (\d+) points?\)$")
+POINTS_OF_STARS = {"★": 2, "★★": 4, "★★★": 8}
+TITLE = re.compile(r"```\{exercise-start\}([^\n]*)\n:label:\s*(\S+)")
+
+
+def exercise_titles():
+    """(notebook, label, title) of every exercise, in the order of the pages."""
+    out = []
+    for nb in notebooks("exercises"):
+        for cell in cells(nb):
+            if cell["cell_type"] == "markdown":
+                out.extend((nb, m.group(2), m.group(1).strip()) for m in TITLE.finditer(source(cell)))
+    return out
+
+
+def test_every_exercise_title_ends_with_its_difficulty_and_points():
+    titles = exercise_titles()
+    assert titles
+    for nb, label, title in titles:
+        m = BADGE.search(title)
+        assert m, f"{nb.name}: {label} has the title {title!r}, without a badge '(★★, 4 points)' at its end"
+        assert title[:m.start()].strip(), f"{nb.name}: {label} has a badge but no title"
+        assert int(m.group(2)) == POINTS_OF_STARS[m.group(1)], \
+            f"{nb.name}: {label} is {m.group(1)} but worth {m.group(2)} points (★ 2, ★★ 4, ★★★ 8)"
+
+
+def test_every_chapter_has_a_three_star_challenge_problem_with_a_checked_coding_part():
+    ex = exercise_labels()
+    for nb in notebooks("exercises"):
+        challenges = [label for n, label, title in exercise_titles() if n == nb and "(★★★," in title]
+        assert challenges, f"{nb.name} has no challenge problem (★★★)"
+        for label in challenges:
+            code = "\n".join(ex[label][1])
+            assert re.search(r"^def \w+\(", code, re.M) and "check_" in code, \
+                f"{label}: a challenge problem is a coding exercise with a starter and a check"
+
+
+def test_exercises_are_numbered_per_chapter():
+    """Exercise page N is chapter N's, in a numbered part that restarts at 1 (not 7-12), so that
+    sphinx-exercise numbers the exercises "Exercise N.1", "Exercise N.2", ... in both editions."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    parts = {p["caption"]: p for p in toc["parts"]}
+    chapters = [c["file"].split("/")[-1] for c in parts["Chapters"]["chapters"]]
+    exercises = [c["file"].split("/")[-1] for c in parts["Exercises"]["chapters"]]
+    assert parts["Chapters"].get("numbered") and parts["Exercises"].get("numbered"), \
+        "the Chapters and Exercises parts must both be numbered"
+    assert exercises == chapters, "exercise page N must belong to chapter N"
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert config["html"].get("use_multitoc_numbering") is False, \
+        "use_multitoc_numbering must be false: otherwise the exercise pages are numbered 7-12"
+    assert config["sphinx"]["config"].get("numfig_secnum_depth", 1) == 1
+
+
+EXERCISE_HEAD = re.compile(r'<span class="caption-number">Exercise (\d+)\.(\d+) </span>')
+SOLUTION_HEAD = re.compile(r"Solution to\s*(?:<[^>]+>\s*)*Exercise (\d+)\.(\d+)")
+
+
+@pytest.mark.site
+@pytest.mark.parametrize("edition", ["_build/html", "_build/student/_build/html"])
+def test_built_exercise_pages_show_per_chapter_numbers(edition):
+    site = ROOT / edition
+    if not (site / "index.html").exists():
+        pytest.skip(f"{edition} is not built")
+    for nb in notebooks("exercises"):
+        chapter = int(nb.name[:2])
+        page = (site / "exercises" / nb.with_suffix(".html").name).read_text()
+        numbers = [(int(a), int(b)) for a, b in EXERCISE_HEAD.findall(page)]
+        expected = [(chapter, i) for i in range(1, 1 + sum(1 for n, _, _ in exercise_titles() if n == nb))]
+        assert numbers == expected, f"{edition}/exercises/{nb.name}: numbered {numbers}, expected {expected}"
+        if edition == "_build/html":
+            solved = (site / "solutions" / nb.with_suffix(".html").name).read_text()
+            shown = {(int(a), int(b)) for a, b in SOLUTION_HEAD.findall(solved)}
+            assert shown == set(expected), f"solutions/{nb.name}: 'Solution to Exercise' numbers {sorted(shown)}"

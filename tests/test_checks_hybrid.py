@@ -124,3 +124,37 @@ def test_time_check_reports_a_crash():
     result = ch.check_fit_time_model(broken)
     assert not result.passed and "ZeroDivisionError" in result.message
     assert np.isfinite(ch.ANSWERS["ex-hy-share-16k"]["value"])
+
+
+# ---------------------------------------------------------------- challenge: the decode-time cost model
+
+def _decode_cost(config, context_len, *, slip=None):
+    c, L = config, context_len
+    d = c.d_model
+    n_full = len(c.attention_layers)
+    n_lin = c.n_layers - n_full
+    q_width = c.n_heads * c.head_dim
+    full = d * q_width * (2 if c.attention_output_gate else 1) + 2 * d * c.n_kv_heads * c.head_dim + q_width * d
+    v_width = c.n_linear_heads * c.linear_value_dim
+    lin = (2 * d * c.n_linear_key_heads * c.linear_key_dim + d * v_width * (2 if c.linear_output_gate else 1)
+           + 2 * d * c.n_linear_heads + v_width * d)
+    weights = c.mlp_matrices * d * c.d_ff * c.n_layers + full * n_full + lin * n_lin + c.vocab_size * d
+    heads = c.n_kv_heads if slip == "kv_heads_core" else c.n_heads
+    attn = n_full * heads * 2 * L * 2 * c.head_dim
+    per_state = 4 if slip == "no_recall" else 6
+    flops = 2 * weights + attn + n_lin * c.n_linear_heads * per_state * c.linear_key_dim * c.linear_value_dim
+    kv = 2 * L * n_full * c.n_kv_heads * c.head_dim * c.bytes_per_element
+    state_bytes = c.bytes_per_element if slip == "state_width" else c.state_bytes_per_element
+    state = n_lin * c.n_linear_heads * c.linear_key_dim * c.linear_value_dim * state_bytes
+    conv = 0 if slip == "no_conv" else n_lin * (c.conv_kernel_size - 1) * c.conv_dim * c.bytes_per_element
+    return flops, kv + state + conv
+
+
+def test_decode_cost_check_passes_the_solution_and_names_the_slips():
+    assert ch.check_decode_cost(_decode_cost).passed
+    for slip, words in [("kv_heads_core", "every QUERY head"), ("no_recall", "recall S^T k"),
+                        ("state_width", "state_bytes_per_element"), ("no_conv", "short-convolution buffers")]:
+        result = ch.check_decode_cost(lambda c, L, s=slip: _decode_cost(c, L, slip=s))
+        assert not result.passed and words in result.message, (slip, result.message)
+    package = lambda c, L: (hy.decode_flops_per_token(c, L), hy.stack_kv_cache_bytes(c, L) + hy.stack_state_bytes(c))
+    assert "the package's own implementation" in ch.check_decode_cost(package).message

@@ -260,3 +260,89 @@ def test_check_answer_accepts_the_value_and_rejects_slips(label):
 
 def test_check_answer_unknown_label():
     assert not ck.check_answer("ex-nope", 1).passed
+
+
+# ------------------------------------------------------------------ challenge problems
+
+def _gqa_step(q, k, v, cache, *, interleave=False, stable=True, per_query_head=False, use_package=False):
+    from fixedstate import softmax_attention as sa
+    H, d_k = q.shape
+    H_kv = k.shape[0]
+    G = H // H_kv
+    if cache is None:
+        keys, values = k[:, None, :], v[:, None, :]
+    else:
+        keys = np.concatenate([cache[0], k[:, None, :]], axis=1)
+        values = np.concatenate([cache[1], v[:, None, :]], axis=1)
+    if use_package:
+        o, _ = sa.softmax_attention(q.reshape(H_kv, G, 1, d_k), keys[:, None], values[:, None], causal=False)
+        return o.reshape(H, -1), (keys, values)
+    heads = [(h % H_kv) if interleave else (h // G) for h in range(H)]
+    out = []
+    for h, j in enumerate(heads):
+        s = keys[j] @ q[h] / np.sqrt(d_k)
+        w = np.exp(s - (s.max() if stable else 0.0))
+        out.append(w / w.sum() @ values[j])
+    if per_query_head:
+        return np.array(out), (np.repeat(keys, G, axis=0), np.repeat(values, G, axis=0))
+    return np.array(out), (keys, values)
+
+
+def test_gqa_decode_check_passes_the_solution_and_names_the_slips():
+    from fixedstate.checks.linear import check_gqa_decode_step
+    assert check_gqa_decode_step(_gqa_step).passed
+    for kwargs, words in [(dict(interleave=True), "h // 2"), (dict(stable=False), "overflows"),
+                          (dict(per_query_head=True), "one cache per KV head"),
+                          (dict(use_package=True), "the package's own implementation")]:
+        result = check_gqa_decode_step(lambda q, k, v, c, kw=kwargs: _gqa_step(q, k, v, c, **kw))
+        assert not result.passed and words in result.message, (kwargs, result.message)
+
+
+def _own_copy(fn):
+    """A fresh function compiled from ``fn``'s source (a new code object: not "the package's")."""
+    import inspect
+    namespace = dict(fn.__globals__)
+    exec(compile(inspect.getsource(fn), "<student>", "exec"), namespace)
+    return namespace[fn.__name__]
+
+
+def _chunked(q, k, v, log_gate, chunk_size, *, quotient=False, **flags):
+    from fixedstate.checks.linear import _decayed_chunks
+    _decayed_chunks = _own_copy(_decayed_chunks)
+    if quotient:                                   # Gamma_r / Gamma_i from the chunk start: overflows
+        T = len(q)
+        S = np.zeros((k.shape[1], v.shape[1]))
+        out = np.empty((T, v.shape[1]))
+        for s in range(0, T, chunk_size):
+            Q, K, V = q[s:s + chunk_size], k[s:s + chunk_size], v[s:s + chunk_size]
+            G = np.exp(np.cumsum(log_gate[s:s + chunk_size]))
+            with np.errstate(all="ignore"):
+                D = np.tril(G[:, None] / G[None, :])
+                out[s:s + len(Q)] = (G[:, None] * Q) @ S + ((Q @ K.T) * D) @ V
+                S = G[-1] * S + ((G[-1] / G)[:, None] * K).T @ V
+        return out, S
+    return _decayed_chunks(q, k, v, log_gate, chunk_size, **flags)
+
+
+def test_chunkwise_decay_check_passes_the_solution_and_names_the_slips():
+    from fixedstate.checks.linear import check_chunkwise_decayed_attention, decayed_attention_loop
+    from fixedstate import ssm
+    # the reference loop is Mamba-2's recurrence with q = C, k = B, value delta x, gate exp(delta a)
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((9, 3)), rng.standard_normal((9, 3)), rng.standard_normal((9, 2))
+    log_gate = -rng.uniform(0.1, 1.0, 9)
+    o, S = decayed_attention_loop(q, k, v, log_gate)
+    y, S2 = ssm.ssd_recurrent(v / -log_gate[:, None], -log_gate, -1.0, k, q)
+    np.testing.assert_allclose(o, y, rtol=1e-12)
+    np.testing.assert_allclose(S, S2, rtol=1e-12)
+
+    assert check_chunkwise_decayed_attention(_chunked).passed
+    for kwargs, words in [(dict(quotient=True), "positive exponent"), (dict(diagonal=False), "own write"),
+                          (dict(decay_in=False), "incoming state is read undecayed"),
+                          (dict(decay_state=False), "not decayed"), (dict(write_then_decay=True), "decayed after")]:
+        result = check_chunkwise_decayed_attention(lambda *a, kw=kwargs: _chunked(*a, **kw))
+        assert not result.passed and words in result.message, (kwargs, result.message)
+    loop = lambda q, k, v, g, C: (_ for _ in ()).throw(NotImplementedError)
+    assert "not written yet" in check_chunkwise_decayed_attention(loop).message
+    copied = lambda q, k, v, g, C: decayed_attention_loop(q, k, v, g)
+    assert "the package's own implementation" in check_chunkwise_decayed_attention(copied).message

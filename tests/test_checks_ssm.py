@@ -182,3 +182,61 @@ def test_crashing_student_code_is_reported_not_raised():
     for check in (checks.check_discretize_zoh, checks.check_ssm_kernel, checks.check_selective_step):
         r = check(crash)
         assert not r.passed and "IndexError" in r.message
+
+
+# ---------------------------------------------------------------- challenge: the parallel scan
+
+def _pairwise_scan(a, b):
+    T = a.shape[0]
+    if T == 1:
+        return b.copy()
+    m = T // 2
+    h_odd = _pairwise_scan(a[1:2 * m:2] * a[0:2 * m:2], a[1:2 * m:2] * b[0:2 * m:2] + b[1:2 * m:2])
+    h = np.empty_like(b)
+    h[0] = b[0]
+    h[1:2 * m:2] = h_odd
+    h[2:T:2] = a[2:T:2] * h_odd[:(T - 1) // 2] + b[2:T:2]
+    return h
+
+
+def _doubling_scan(a, b):
+    a, h, s = a.copy(), b.copy(), 1
+    while s < len(a):
+        h[s:] = a[s:] * h[:-s] + h[s:]
+        a[s:] = a[s:] * a[:-s]
+        s *= 2
+    return h
+
+
+def _loop_scan(a, b):
+    h, prev = np.empty_like(b), np.zeros_like(b[0])
+    for t in range(len(a)):
+        prev = a[t] * prev + b[t]
+        h[t] = prev
+    return h
+
+
+def test_parallel_scan_check_passes_scans_and_names_the_slips():
+    from fixedstate.checks.ssm import check_parallel_scan, _scan_loop
+    assert check_parallel_scan(_pairwise_scan).passed
+    assert check_parallel_scan(_doubling_scan).passed
+    result = check_parallel_scan(_loop_scan)
+    assert not result.passed and "loops over the time steps" in result.message
+    exclusive = lambda a, b: np.concatenate([np.zeros_like(b[:1]), _loop_scan(a, b)[:-1]])
+    assert "exclusive scan" in check_parallel_scan(exclusive).message
+    assert "wrong order" in check_parallel_scan(lambda a, b: _scan_loop(a, b, order="wrong")).message
+    assert "a-part" in check_parallel_scan(lambda a, b: np.cumprod(a, axis=0)).message
+    package = lambda a, b: ssm.associative_scan(a, b)
+    assert "the package's own implementation" in check_parallel_scan(package).message
+
+
+def test_parallel_scan_check_refuses_dividing_by_cumulative_products():
+    from fixedstate.checks.ssm import check_parallel_scan
+
+    def cumprod_trick(a, b):             # h_t = P_t sum_s b_s / P_s: right on paper, underflows in float64
+        P = np.cumprod(a, axis=0)
+        with np.errstate(all="ignore"):
+            return P * np.cumsum(b / P, axis=0)
+
+    result = check_parallel_scan(cumprod_trick)
+    assert not result.passed and "cumulative products" in result.message

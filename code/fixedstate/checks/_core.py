@@ -10,6 +10,9 @@ end); tests read ``result.passed`` and ``result.message``.
 
 from __future__ import annotations
 
+import os
+import sys
+import sysconfig
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -178,3 +181,93 @@ def check_numeric(label: str, value, answers) -> CheckResult:
 
 
 __all__.append("check_numeric")
+
+
+# --------------------------------------------------------------------------- challenge problems
+#
+# A challenge problem asks for a real part of a layer that the package already
+# computes (the check compares with it). Two helpers keep such a check honest
+# without reading the student's source: one refuses an answer that calls the
+# package's own implementation, one counts the lines of Python the student's
+# code executes (a parallel scan must not loop over the time steps).
+
+
+def _qualified(fn) -> str:
+    return f"{fn.__module__}.{getattr(fn, '__qualname__', fn.__name__)}"
+
+
+def call_without(fn: Callable, forbidden, *args, case: str, **kwargs):
+    """:func:`call_student`, failing if the call reaches one of the package functions ``forbidden``.
+
+    The calls are watched with :func:`sys.setprofile` (by code object, so an alias
+    such as ``from fixedstate.delta_rule import gated_delta_rule_chunk as f`` is
+    caught too). The profiler in place before the call is restored afterwards.
+    """
+    codes = {f.__code__: _qualified(f) for f in forbidden}
+    seen: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and not seen and frame.f_code in codes:
+            seen.append(codes[frame.f_code])
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        out = call_student(fn, *args, case=case, **kwargs)
+    finally:
+        sys.setprofile(previous)
+    if seen:
+        raise Failure(f"on {case}: your function calls {seen[0]}, the package's own implementation, "
+                      "which this check compares with: write the computation yourself (numpy and "
+                      "scipy are fine)")
+    return out
+
+
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))    # fixedstate itself
+    return tuple(os.path.realpath(d) for d in dirs)
+
+
+def count_student_lines(fn: Callable, *args, case: str, **kwargs):
+    """Call ``fn`` and count the lines of Python it executes outside numpy, scipy, the
+    standard library and this package: ``(result, lines)``.
+
+    A loop over ``T`` time steps executes at least ``T`` lines; a scan that
+    combines whole arrays level by level executes a few lines per level.
+    """
+    libraries = _library_dirs()
+    count = 0
+
+    def local(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+        return local
+
+    def global_trace(frame, event, arg):
+        name = frame.f_code.co_filename
+        if name.startswith("<frozen") or os.path.realpath(name).startswith(libraries):
+            return None
+        return local
+
+    previous = sys.gettrace()
+    sys.settrace(global_trace)
+    try:
+        out = call_student(fn, *args, case=case, **kwargs)
+    finally:
+        sys.settrace(previous)
+    return out, count
+
+
+def has_nonfinite(x) -> bool:
+    """True when ``x`` is an array of numbers with an inf or a nan in it."""
+    try:
+        arr = np.asarray(x, dtype=float)
+    except (TypeError, ValueError):
+        return False
+    return not bool(np.all(np.isfinite(arr)))
+
+
+__all__ += ["call_without", "count_student_lines", "has_nonfinite"]

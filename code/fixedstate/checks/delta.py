@@ -8,19 +8,29 @@ message):
 - :func:`check_gated_delta_step` for ``gated_delta_step(state, key, value, beta, gate) -> new_state``;
 - :func:`check_exact_beta` for ``exact_beta(key) -> beta``.
 
+Challenge problem: :func:`check_kda_chunk` for
+``kda_chunk(q, k, v, beta, log_gate, state) -> (O, S_out)``, one chunk of Kimi
+Delta Attention (a decay per key channel) by the UT transform, compared with the
+package's token loop :func:`fixedstate.delta_rule.kda_loop` (an answer that calls
+any of the package's delta-rule forms is refused).
+
 Numeric exercises: :func:`check_answer` with the labels in :data:`ANSWERS`
 (values computed by the package, not typed in).
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+from scipy.linalg import solve_triangular
 
 from .. import delta_rule as dr
-from ._core import check_numeric, CheckResult, Failure, call_student, compare_arrays, compare_number, failed, run_check
+from ._core import (check_numeric, CheckResult, Failure, call_student, call_without, compare_arrays, compare_number,
+                    failed, has_nonfinite, run_check)
 
 __all__ = ["check_delta_step", "check_gated_delta_step", "check_exact_beta", "check_answer", "ANSWERS",
-           "HALVING_SETUP", "BY_HAND_SETUP"]
+           "check_kda_chunk", "HALVING_SETUP", "BY_HAND_SETUP"]
 
 
 # --------------------------------------------------------------------------- numeric answers
@@ -219,3 +229,178 @@ def check_exact_beta(exact_beta) -> CheckResult:
         return "one write with your beta is recalled exactly for keys of any length: beta = 1 / |k|^2"
 
     return run_check(label, body)
+
+
+# --------------------------------------------------------------------------- one KDA chunk (challenge)
+
+#: Every form of the delta rule in the package, public and private: an answer that reaches one is refused.
+_DR_FORMS = (dr.gated_delta_rule_chunk, dr.gated_delta_rule_loop, dr.gated_delta_rule_step,
+             dr.gated_delta_rule_recurrent, dr.gated_delta_rule_chunkwise, dr.delta_rule_step,
+             dr.delta_rule_recurrent, dr.delta_rule_chunkwise, dr.kda_step, dr.kda_recurrent, dr.kda_chunkwise,
+             dr.kda_loop, dr._step, dr._recurrent, dr._chunkwise, dr._chunk_group, dr._kda_pair_products)
+
+
+def _kda_loop_variant(q, k, v, beta, log_gate, S, *, order="right"):
+    """KDA's token loop, in the right order or in one of the two wrong orders of decay and correction."""
+    S = S.copy()
+    O = np.empty((len(q), v.shape[1]))
+    for t in range(len(q)):
+        a = np.exp(log_gate[t])[:, None]                   # one decay per key channel: scales the rows of S
+        if order == "correct_then_decay":
+            S = a * (S + beta[t] * np.outer(k[t], v[t] - S.T @ k[t]))
+        elif order == "decay_carried_only":
+            S = a * S + beta[t] * np.outer(k[t], v[t] - S.T @ k[t])
+        else:
+            S = a * S
+            S = S + beta[t] * np.outer(k[t], v[t] - S.T @ k[t])
+        O[t] = S.T @ q[t]
+    return O, S
+
+
+def _kda_chunk_variant(q, k, v, beta, log_gate, S0, *, subtract_ws=True, decay_state_in_out=True,
+                       own_write=True, decay_in_a=True, decay_in_w=True):
+    """One KDA chunk by the UT transform, with switches for the slips (all True: the right answer)."""
+    C = len(q)
+    b = np.cumsum(log_gate, axis=0)                                    # (C, d_k), per channel
+    i_le_r = np.tril(np.ones((C, C), dtype=bool))
+    D = np.exp(np.where(i_le_r[:, :, None], b[:, None, :] - b[None, :, :], -np.inf))   # (C, C, d_k)
+    KK = np.einsum("rc,ic,ric->ri", k, k, D if decay_in_a else i_le_r[:, :, None] * 1.0)
+    QK = np.einsum("rc,ic,ric->ri", q, k, D)
+    M = np.eye(C) + np.tril(beta[:, None] * KK, -1)
+    U_tilde = solve_triangular(M, beta[:, None] * v, lower=True, unit_diagonal=True)
+    W = solve_triangular(M, beta[:, None] * k * (np.exp(b) if decay_in_w else 1.0), lower=True,
+                         unit_diagonal=True)
+    U = U_tilde - W @ S0 if subtract_ws else U_tilde
+    O = ((q * np.exp(b)) if decay_state_in_out else q) @ S0 + (QK if own_write else np.tril(QK, -1)) @ U
+    S_C = np.exp(b[-1])[:, None] * S0 + (k * np.exp(b[-1] - b)).T @ U
+    return O, S_C
+
+
+def _kda_cases():
+    """(description, C, d_k, d_v, incoming state, log-gate kind); every state is non-square."""
+    return [("a chunk of 4 tokens from the zero state (d_k = 3, d_v = 2)", 4, 3, 2, "zero", "random"),
+            ("a chunk of 6 tokens entering with a random state (d_k = 4, d_v = 3)", 6, 4, 3, "random", "random"),
+            ("a chunk of 1 token with a random state (d_k = 2, d_v = 4)", 1, 2, 4, "random", "random"),
+            ("a chunk of 5 tokens with a random state and log_gate = -200 in every other channel "
+             "(decays of about 1e-87; d_k = 4, d_v = 2)", 5, 4, 2, "random", "strong"),
+            ("a chunk of 8 tokens with a random state and the same log_gate in every channel, where KDA is "
+             "Gated DeltaNet (d_k = 5, d_v = 2)", 8, 5, 2, "random", "equal")]
+
+
+def _kda_inputs(seed, C, d_k, d_v, state_kind, gate_kind):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((C, d_k))
+    k = rng.standard_normal((C, d_k))
+    k /= np.linalg.norm(k, axis=1, keepdims=True)
+    v = rng.standard_normal((C, d_v))
+    beta = rng.uniform(0.2, 0.9, C)
+    log_gate = -rng.uniform(0.05, 1.5, (C, d_k))          # channels decay at clearly different rates
+    if gate_kind == "strong":
+        log_gate[:, ::2] = -200.0
+    elif gate_kind == "equal":
+        log_gate = np.repeat(-rng.uniform(0.05, 1.0, (C, 1)), d_k, axis=1)
+    S0 = np.zeros((d_k, d_v)) if state_kind == "zero" else rng.standard_normal((d_k, d_v))
+    return q, k, v, beta, log_gate, S0
+
+
+_NONFINITE = re.compile(r"\b(infs?|nans?)\b", re.IGNORECASE)
+_OVERFLOW = ("a positive exponent overflowed. A quotient of cumulative decays, exp(b_r) / exp(b_i) or "
+             "exp(b_r) * exp(-b_i), forms exp(-b_i) (exp(1000) is inf, exp(-1000) is 0, and 0 * inf is nan); "
+             "form each pair's exp(b_r - b_i) for i <= r only, masking the pairs i > r before exponentiating")
+
+
+def check_kda_chunk(kda_chunk) -> CheckResult:
+    """Check ``kda_chunk(q, k, v, beta, log_gate, state) -> (O, S_out)``: one chunk of Kimi Delta
+    Attention (``eq-dr-kda``) by the UT transform.
+
+    ``q, k`` ``(C, d_k)`` (unit keys), ``v`` ``(C, d_v)``, ``beta`` ``(C,)``, ``log_gate``
+    ``(C, d_k)`` (one log-decay per key channel, <= 0), ``state`` the incoming
+    ``(d_k, d_v)`` state; the output scale is 1. The result must equal the package's
+    token loop :func:`fixedstate.delta_rule.kda_loop` from the same state; an answer
+    that calls any of the package's delta-rule forms is refused. Names a scalar gate
+    (the channel mean) in place of the per-channel one, the two wrong orders of decay
+    and correction, a missing ``- W S_0``, an undecayed incoming state in the outputs,
+    pair products or ``W`` without their decays, a token that does not see its own
+    write, a transposed state and an inf or nan from a positive exponent.
+    """
+    label = "ex-dr-ut-solve"
+
+    def body():
+        for seed, (desc, C, d_k, d_v, state_kind, gate_kind) in enumerate(_kda_cases()):
+            q, k, v, beta, log_gate, S0 = _kda_inputs(80 + seed, C, d_k, d_v, state_kind, gate_kind)
+            try:
+                with np.errstate(all="ignore"):
+                    out = call_without(kda_chunk, _DR_FORMS, q.copy(), k.copy(), v.copy(), beta.copy(),
+                                       log_gate.copy(), S0.copy(), case=desc)
+            except Failure as failure:
+                if "the package's own" not in str(failure) and _NONFINITE.search(str(failure)):
+                    raise Failure(f"{failure}: an inf or nan appeared inside your function, {_OVERFLOW}") from None
+                raise
+            if not isinstance(out, (tuple, list)) or len(out) != 2:
+                raise Failure(f"on {desc}: expected a pair (O, S_out), got {type(out).__name__}")
+            O, S_out = out
+            want_O, want_S = dr.kda_loop(q, k, v, beta=beta, log_gate=log_gate, initial_state=S0)
+            if has_nonfinite(O) or has_nonfinite(S_out):
+                raise Failure(f"on {desc}: the result holds inf or nan, {_OVERFLOW}")
+            S_arr = _as_array(S_out)
+            if S_arr is not None and S_arr.shape == want_S.T.shape:
+                raise Failure(f"S_out on {desc} has shape {S_arr.shape}, the transpose: the book stores S as "
+                              f"(d_k, d_v) = {want_S.shape}, a write is np.outer(k, u) and a read S.T @ q")
+            if _close_pair(O, S_out, want_O, want_S):
+                continue
+            mean_gate = np.repeat(log_gate.mean(axis=1, keepdims=True), d_k, axis=1)
+            with np.errstate(all="ignore"):
+                mean_decay = np.repeat(np.log(np.exp(log_gate).mean(axis=1, keepdims=True)), d_k, axis=1)
+            scalar = ("this is Gated DeltaNet with one scalar gate per token (the mean over the channels): "
+                      "KDA keeps one decay per key channel, so every pair product carries exp(b_rc - b_ic) "
+                      "inside the sum over the channels c, and b is a (C, d_k) cumulative sum")
+            candidates = [
+                (_kda_loop_variant(q, k, v, beta, mean_gate, S0), scalar),
+                (_kda_loop_variant(q, k, v, beta, mean_decay, S0), scalar),
+                (_kda_loop_variant(q, k, v, beta, log_gate, S0, order="correct_then_decay"),
+                 "this is \"correct, then decay\": each token must decay the state first, "
+                 "Diag(exp(gamma_t)) S_{t-1}, and compute its correction from the decayed state"),
+                (_kda_loop_variant(q, k, v, beta, log_gate, S0, order="decay_carried_only"),
+                 "the correction uses the undecayed state: the pair products in A carry exp(b_r - b_i) and "
+                 "the rows of W are beta_i (k_i * exp(b_i)), so that the correction is measured against the "
+                 "decayed state"),
+                (_kda_chunk_variant(q, k, v, beta, log_gate, S0, subtract_ws=False),
+                 "the incoming state's recall is not subtracted: U = U~ - W S_0 (eq-dr-ut), so that the "
+                 "correction is measured against what the decayed S_0 already returns"),
+                (_kda_chunk_variant(q, k, v, beta, log_gate, S0, decay_state_in_out=False),
+                 "the outputs read the incoming state undecayed: token r reads (q_r * exp(b_r))^T S_0, "
+                 "each channel decayed since the chunk's start"),
+                (_kda_chunk_variant(q, k, v, beta, log_gate, S0, decay_in_a=False),
+                 "A has no decays: A_ri = beta_r sum_c k_rc k_ic exp(b_rc - b_ic) for i < r"),
+                (_kda_chunk_variant(q, k, v, beta, log_gate, S0, decay_in_w=False),
+                 "W has no decays: its rows are beta_i (k_i * exp(b_i)), the key decayed per channel since "
+                 "the chunk's start"),
+                (_kda_chunk_variant(q, k, v, beta, log_gate, S0, own_write=False),
+                 "token r does not see its own write: the output's pair sum runs over i <= r, the diagonal "
+                 "included"),
+            ]
+            for (mo, ms), message in candidates:
+                if _close_pair(O, S_out, mo, ms):
+                    raise Failure(f"on {desc}: {message}")
+            compare_arrays(O, want_O, what="the chunk's outputs O (C, d_v)", case=desc, rtol=1e-9, atol=1e-10)
+            compare_arrays(S_out, want_S, what="the outgoing state S_out (d_k, d_v)", case=desc, rtol=1e-9,
+                           atol=1e-10)
+        return ("one chunk of KDA by the UT transform equals the token loop, from the zero state and a random "
+                "one, for 1 to 8 tokens, with decays of 1e-87 (no inf or nan) and, with equal channels, as "
+                "Gated DeltaNet")
+
+    return run_check(label, body)
+
+
+def _as_array(x):
+    try:
+        return np.asarray(x, dtype=float)
+    except (TypeError, ValueError):
+        return None
+
+
+def _close_pair(O, S, want_O, want_S) -> bool:
+    def close(a, b):
+        a = _as_array(a)
+        return a is not None and a.shape == np.shape(b) and bool(np.allclose(a, b, rtol=1e-8, atol=1e-10))
+    return close(O, want_O) and close(S, want_S)

@@ -5,6 +5,13 @@ typed in) with its tolerance, and are checked by :func:`check_answer`. The two
 coding exercises are checked by :func:`check_kv_cache_at` (the KV cache of a
 configuration at a given context) and :func:`check_fit_time_model` (the
 two-point model of time per token).
+
+Challenge problem: :func:`check_decode_cost` for
+``decode_cost(config, context_len) -> (flops_per_token, memory_bytes)``, the
+decode-time cost model of a hybrid from its configuration (equations
+``eq-hy-params``, ``eq-hy-decode-flops``, ``eq-hy-kv``, ``eq-hy-state``), compared
+with :func:`fixedstate.hybrid.decode_flops_per_token` and the ``stack_*_bytes``
+functions, which the answer may not call.
 """
 
 from __future__ import annotations
@@ -14,10 +21,10 @@ import numpy as np
 
 from .. import costs
 from .. import hybrid as hy
-from ._core import check_numeric, CheckResult, Failure, call_student, compare_number, failed, run_check
+from ._core import check_numeric, CheckResult, Failure, call_student, call_without, compare_number, failed, run_check
 
 __all__ = ["ANSWERS", "check_answer", "check_kv_cache_at", "check_fit_time_model",
-           "PUBLISHED_THROUGHPUT"]
+           "PUBLISHED_THROUGHPUT", "check_decode_cost"]
 
 #: The published measurement (chumba2026beyond): context lengths and tokens per second.
 PUBLISHED_THROUGHPUT = ((2500, 16000), (224.0, 199.0))
@@ -177,3 +184,113 @@ def check_fit_time_model(fit_time_model) -> CheckResult:
         return "t(L) = a + b L goes through both measured times per token"
 
     return run_check("ex-hy-fit-time", body)
+
+
+# ---------------------------------------------------------------------------
+# Challenge problem: the decode-time cost model of a configuration
+# ---------------------------------------------------------------------------
+
+_COST_FORMS = (hy.decode_flops_per_token, hy.prefill_flops_per_token, hy.parameter_counts, hy.parameters_per_layer,
+               hy.flops_from_parameter_counts, hy.stack_kv_cache_bytes, hy.stack_recurrent_state_bytes,
+               hy.stack_conv_state_bytes, hy.stack_state_bytes)
+
+
+def _cost_configs():
+    qwen = hy.qwen35_9b_config()
+    small = hy.HybridConfig(n_layers=10, d_model=512, d_ff=1408, vocab_size=32_000, attention_layers=(3, 7),
+                            n_heads=8, n_kv_heads=2, head_dim=64, n_linear_heads=8, n_linear_key_heads=4,
+                            linear_key_dim=64, linear_value_dim=96, attention_output_gate=True,
+                            linear_output_gate=True, bytes_per_element=2, state_bytes_per_element=4,
+                            conv_kernel_size=4, name="a 10-layer stack with gates and a short convolution")
+    return [(qwen, 16_000, "the Qwen3.5-9B-style configuration at 16,000 tokens"),
+            (small, 5_000, "a 10-layer stack (attention in layers 3 and 7, 8 query heads on 2 KV heads, "
+                           "output gates, fp32 states, a 4-tap convolution) at 5,000 tokens"),
+            (hy.all_linear(small), 5_000, "the same stack with no attention layer, 5,000 tokens"),
+            (hy.all_attention(small), 5_000, "the same stack with attention in every layer, 5,000 tokens"),
+            (small, 0, "the 10-layer stack with an empty context")]
+
+
+def _flops_slips(c, L):
+    """Plausible wrong FLOP counts and what each means."""
+    right = hy.decode_flops_per_token(c, L)
+    attn_core = c.n_attention_layers * c.n_heads * costs.softmax_decode_flops(L, c.head_dim, c.head_dim)
+    delta = c.n_linear_layers * c.n_linear_heads * 2 * c.linear_key_dim * c.linear_value_dim
+    vocab = 2 * c.vocab_size * c.d_model
+    kv_core = c.n_attention_layers * c.n_kv_heads * costs.softmax_decode_flops(L, c.head_dim, c.head_dim)
+    return [
+        (right - delta, "the linear layers' core misses the recall S^T k that the delta correction needs: "
+                        "2 d_k d_v per value head besides the write and the readout (4 d_k d_v)"),
+        (right - attn_core + kv_core, "the attention core is counted per KV head; every QUERY head scores the "
+                                      "whole cache (n_heads, not n_kv_heads)"),
+        (right - vocab, "the output projection over the vocabulary is missing: 2 vocab_size d_model FLOPs per "
+                        "token"),
+        (right + vocab, "the input embedding is counted: it is a lookup, not a matrix product"),
+        (right / 2, "half: a multiply-add counts 2 FLOPs, so each weight costs 2 FLOPs per token"),
+        (right - attn_core, "the attention core is missing: each query head costs 2 L (d_k + d_v) with L the "
+                            "context (the new token included)"),
+        (right + attn_core * c.n_linear_layers / max(c.n_attention_layers, 1) if c.n_attention_layers else None,
+         "the attention core is counted in every layer; the linear layers have a fixed-state core instead"),
+    ]
+
+
+def _memory_slips(c, L):
+    kv = hy.stack_kv_cache_bytes(c, L)
+    rec = hy.stack_recurrent_state_bytes(c)
+    conv = hy.stack_conv_state_bytes(c)
+    per_layer_kv = kv / c.n_attention_layers if c.n_attention_layers else 0
+    rec_at_kv_width = rec * c.bytes_per_element / c.state_bytes_per_element
+    return [
+        (kv + rec, "the short-convolution buffers are missing: each linear layer keeps the last K - 1 inputs "
+                   "of its conv_dim channels"),
+        (kv / 2 + rec + conv, "the KV cache is half: every KV head stores a key AND a value per token"),
+        (kv + rec_at_kv_width + conv, "the recurrent states are counted at bytes_per_element; they are kept at "
+                                      "state_bytes_per_element"),
+        (per_layer_kv * c.n_layers + rec + conv, "the KV cache is counted in every layer; only the "
+                                                 "attention layers keep one"),
+        (kv, "the fixed states of the linear layers are missing (recurrent states and convolution buffers)"),
+        (kv * c.n_heads / c.n_kv_heads + rec + conv, "the KV cache is counted per query head; grouped-query "
+                                                     "attention keeps one per KV head"),
+    ]
+
+
+def check_decode_cost(decode_cost) -> CheckResult:
+    """Check ``decode_cost(config, context_len) -> (flops_per_token, memory_bytes)``.
+
+    ``flops_per_token``: the FLOPs to generate one token at context ``L``
+    (:func:`fixedstate.hybrid.decode_flops_per_token`, ``eq-hy-decode-flops``);
+    ``memory_bytes``: what the stack holds for the sequence while generating, the
+    KV cache plus the fixed states (``eq-hy-kv`` plus ``eq-hy-state``). Cases: the
+    Qwen3.5-9B-style configuration, a small stack with gates, fp32 states and a
+    short convolution, its all-linear and all-attention variants, an empty context.
+    """
+
+    def body():
+        for c, L, case in _cost_configs():
+            got = call_without(decode_cost, _COST_FORMS, c, L, case=case)
+            try:
+                flops, memory = (float(x) for x in got)
+            except (TypeError, ValueError):
+                raise Failure(f"on {case}: expected a pair (flops_per_token, memory_bytes) of numbers, got "
+                              f"{got!r}") from None
+            want_f = float(hy.decode_flops_per_token(c, L))
+            want_m = float(hy.stack_kv_cache_bytes(c, L) + hy.stack_state_bytes(c))
+
+            def close(x, y):
+                return y is not None and abs(x - y) <= 1e-9 * max(1.0, abs(y))
+
+            if not close(flops, want_f):
+                for wrong, meaning in _flops_slips(c, L):
+                    if close(flops, wrong) and not close(wrong, want_f):
+                        raise Failure(f"the FLOPs on {case}: got {flops:.6g}, expected {want_f:.6g}; {meaning}")
+                raise Failure(f"the FLOPs on {case}: expected {want_f:.6g} per token, got {flops:.6g} "
+                              f"({(flops - want_f) / want_f:+.2%})")
+            if not close(memory, want_m):
+                for wrong, meaning in _memory_slips(c, L):
+                    if close(memory, wrong) and not close(wrong, want_m):
+                        raise Failure(f"the memory on {case}: got {memory:.6g} bytes, expected {want_m:.6g}; "
+                                      f"{meaning}")
+                raise Failure(f"the memory on {case}: expected {want_m:.6g} bytes, got {memory:.6g}")
+        return ("FLOPs per generated token and the memory held while decoding agree with the package for "
+                "grouped-query, gated, all-linear and all-attention stacks and an empty context")
+
+    return run_check("ex-hy-decode-cost", body)

@@ -8,6 +8,14 @@ Coding exercises (each takes the student's function and returns a CheckResult):
 - :func:`check_causal_linear_attention` (``ex-la-parallel-form``): the masked parallel
   form with its normalizer.
 
+Challenge problems (the package computes the same thing; the check compares with
+it and refuses an answer that calls it):
+
+- :func:`check_gqa_decode_step` (``ex-sm-gqa-decode``): one decode step of
+  grouped-query attention over several heads, continuing a prefilled KV cache.
+- :func:`check_chunkwise_decayed_attention` (``ex-la-chunkwise-decay``): linear
+  attention with a scalar decay in chunkwise form.
+
 Numeric answers: :func:`check_answer` with a label from :data:`ANSWERS`; every
 expected value is computed here by :mod:`fixedstate.costs`, never typed in.
 
@@ -23,13 +31,18 @@ import numpy as np
 from .. import costs
 from .. import linear_attention as la
 from .. import softmax_attention as sa
-from ._core import check_numeric, CheckResult, Failure, call_student, compare_arrays, compare_number, run_check
+from .. import ssm
+from ._core import (check_numeric, CheckResult, Failure, call_student, call_without, compare_arrays, compare_number,
+                    has_nonfinite, run_check)
 
 __all__ = [
     "check_kv_cache_size",
     "check_softmax_decode_step",
     "check_linear_decode_step",
     "check_causal_linear_attention",
+    "check_gqa_decode_step",
+    "check_chunkwise_decayed_attention",
+    "decayed_attention_loop",
     "check_answer",
     "ANSWERS",
 ]
@@ -285,6 +298,251 @@ def check_causal_linear_attention(causal_linear_attention) -> CheckResult:
                 mistakes.append(((strict @ v) / np.maximum(strict_sum, 1e-300), diagonal))
             _diagnose(got, expected, mistakes, what="the outputs", case=case)
         return f"the parallel form agrees with the package on {len(cases)} sequences (lengths 1, 6 and 9)."
+
+    return run_check(exercise, body)
+
+
+# ------------------------------------------------------------------ ex-sm-gqa-decode (challenge)
+
+_SA_FORMS = (sa.softmax_attention, sa.softmax_attention_step, sa.softmax_attention_loop, sa.attention_weights)
+
+
+def _gqa_reference(q, keys, values):
+    """Outputs (H, d_v) of one query per head against cached keys/values (H_kv, n, d); head h reads h // G."""
+    H, d_k = q.shape
+    H_kv = keys.shape[0]
+    out, _ = sa.softmax_attention(q.reshape(H_kv, H // H_kv, 1, d_k), keys[:, None], values[:, None],
+                                  causal=False)
+    return out.reshape(H, -1)
+
+
+def _gqa_variant(q, keys, values, *, head_of, scale=True, normalize=True, stable=True):
+    """Plausible wrong decode steps, written plainly (no package call)."""
+    H, d_k = q.shape
+    out = []
+    for h in range(H):
+        j = head_of(h)
+        s = keys[j] @ q[h] * (1 / np.sqrt(d_k) if scale else 1.0)
+        w = np.exp(s - (s.max() if stable else 0.0))
+        out.append((w / w.sum() if normalize else w) @ values[j])
+    return np.array(out)
+
+
+def _gqa_cases():
+    """(description, H, H_kv, d_k, d_v, prompt length, new tokens, magnitude)."""
+    return [("4 query heads sharing 2 KV heads (d_k = 3, d_v = 2), a 3-token prompt, 4 new tokens",
+             4, 2, 3, 2, 3, 4, 1.0),
+            ("6 query heads sharing 2 KV heads (d_k = 4, d_v = 5), no prompt, 5 new tokens", 6, 2, 4, 5, 0, 5, 1.0),
+            ("2 query heads with 2 KV heads (plain multi-head attention), a 2-token prompt, 3 new tokens",
+             2, 2, 3, 3, 2, 3, 1.0),
+            ("4 query heads sharing 1 KV head, queries and keys of size 40 (scores near 800), 4 new tokens",
+             4, 1, 4, 2, 2, 4, 40.0)]
+
+
+def check_gqa_decode_step(gqa_decode_step) -> CheckResult:
+    """Check ``gqa_decode_step(q, k, v, cache) -> (o, new_cache)`` (equation ``eq-sm-decode``, several heads).
+
+    ``q`` ``(H, d_k)``: one query per query head; ``k`` ``(H_kv, d_k)`` and ``v``
+    ``(H_kv, d_v)``: one key and value per KV head; ``cache`` ``None`` or
+    ``(keys (H_kv, n, d_k), values (H_kv, n, d_v))``. Query head ``h`` reads KV
+    head ``h // (H // H_kv)``. Returns ``o`` ``(H, d_v)`` and the cache with the
+    token appended. The check continues a prefilled cache token by token and
+    compares with :func:`fixedstate.softmax_attention.softmax_attention`; it names
+    an interleaved head mapping, a cache kept per query head, a missing scale,
+    unnormalised weights, an overflowing softmax and a token that does not see
+    itself, and refuses an answer that calls the package's attention.
+    """
+    exercise = "ex-sm-gqa-decode"
+
+    def body():
+        for seed, (desc, H, H_kv, d_k, d_v, prompt, new, size) in enumerate(_gqa_cases()):
+            rng = np.random.default_rng(40 + seed)
+            G = H // H_kv
+            Q = rng.standard_normal((H, prompt + new, d_k))
+            K = rng.standard_normal((H_kv, prompt + new, d_k))
+            V = rng.standard_normal((H_kv, prompt + new, d_v))
+            if size != 1.0:
+                Q *= size / np.linalg.norm(Q, axis=-1, keepdims=True)
+                K *= size / np.linalg.norm(K, axis=-1, keepdims=True)
+            cache = None if prompt == 0 else (K[:, :prompt].copy(), V[:, :prompt].copy())
+            for t in range(prompt, prompt + new):
+                case = f"{desc}: token {t + 1}"
+                given = None if cache is None else (cache[0].copy(), cache[1].copy())
+                out = call_without(gqa_decode_step, _SA_FORMS, Q[:, t].copy(), K[:, t].copy(), V[:, t].copy(),
+                                   given, case=case)
+                o, new_cache = _unpack(out, 2, "o, new_cache", case)
+                if not isinstance(new_cache, (tuple, list)) or len(new_cache) != 2:
+                    raise Failure(f"on {case}: expected the cache to be a pair (keys, values), "
+                                  f"got {type(new_cache).__name__}")
+                keys, values = K[:, :t + 1], V[:, :t + 1]
+                got_keys = np.asarray(new_cache[0], dtype=float)
+                if G > 1 and got_keys.shape == (H, t + 1, d_k):
+                    raise Failure(f"on {case}: the cached keys have shape {got_keys.shape}, one row per "
+                                  f"QUERY head; grouped-query attention keeps one cache per KV head, "
+                                  f"({H_kv}, n, d_k), {G} times smaller: that is its point")
+                expected = _gqa_reference(Q[:, t], keys, values)
+                if has_nonfinite(o) and size != 1.0:
+                    raise Failure(f"the output on {case} holds inf or nan: exp of a score near 800 "
+                                  "overflows. Subtract each head's largest score before exponentiating "
+                                  "(the weights do not change)")
+                mistakes = [
+                    (_gqa_variant(Q[:, t], keys, values, head_of=lambda h: h % H_kv),
+                     f"query head h reads KV head h % {H_kv} (interleaved); heads are grouped in "
+                     f"consecutive blocks of {G}: head h reads KV head h // {G}"),
+                    (_gqa_variant(Q[:, t], keys, values, head_of=lambda h: h // G, scale=False),
+                     "the scores are not scaled: multiply q . k by 1/sqrt(d_k)"),
+                    (_gqa_variant(Q[:, t], keys, values, head_of=lambda h: h // G, normalize=False),
+                     "the weights are not normalized: divide exp(scores) by their sum"),
+                ]
+                if t > 0:
+                    mistakes.append((_gqa_variant(Q[:, t], K[:, :t], V[:, :t], head_of=lambda h: h // G),
+                                     "the output ignores the new token: append its key and value to the "
+                                     "cache before attending (the token attends to itself)"))
+                if H_kv > 1 and G > 1:
+                    mistakes.append((_gqa_variant(Q[:, t], keys, values, head_of=lambda h: 0),
+                                     "every query head reads KV head 0: head h reads KV head h // G"))
+                _diagnose(o, expected, mistakes, what="the output", case=case)
+                compare_arrays(new_cache[0], keys, what="the cached keys (H_kv, n, d_k), new token last",
+                               case=case)
+                compare_arrays(new_cache[1], values, what="the cached values (H_kv, n, d_v), new token last",
+                               case=case)
+                if given is not None and not (np.array_equal(given[0], cache[0])
+                                              and np.array_equal(given[1], cache[1])):
+                    raise Failure(f"on {case}: the function changed the cache it was given; return a new "
+                                  "one (np.concatenate builds a new array)")
+                cache = (np.asarray(new_cache[0], dtype=float), np.asarray(new_cache[1], dtype=float))
+        return ("decoding continues the prefilled cache exactly as full causal attention would, for "
+                "grouped and plain heads, with scores near 800 included")
+
+    return run_check(exercise, body)
+
+
+# ------------------------------------------------------------------ ex-la-chunkwise-decay (challenge)
+
+def decayed_attention_loop(q, k, v, log_gate, initial_state=None):
+    """The token loop of linear attention with a scalar decay: the reference of ``ex-la-chunkwise-decay``.
+
+    ``S_t = g_t S_{t-1} + k_t v_t^T`` with ``g_t = exp(log_gate_t)``, ``o_t = S_t^T q_t``
+    (no feature map, no normaliser): Mamba-2's recurrence ``eq-ssm-ssd-recurrent``
+    with query ``C``, key ``B`` and value ``delta x``. ``q, k`` ``(T, d_k)``, ``v``
+    ``(T, d_v)``, ``log_gate`` ``(T,)``; returns ``(o (T, d_v), S (d_k, d_v))``.
+    """
+    S = np.zeros((k.shape[1], v.shape[1])) if initial_state is None else np.array(initial_state, dtype=float)
+    o = np.empty((len(q), v.shape[1]))
+    for t in range(len(q)):
+        S = np.exp(log_gate[t]) * S + np.outer(k[t], v[t])
+        o[t] = S.T @ q[t]
+    return o, S
+
+
+def _decayed_chunks(q, k, v, log_gate, chunk_size, *, diagonal=True, decay_in=True, decay_state=True,
+                    decay_keys=True, write_then_decay=False):
+    """The chunkwise form, with switches that reproduce the plausible mistakes."""
+    T = len(q)
+    S = np.zeros((k.shape[1], v.shape[1]))
+    out = np.empty((T, v.shape[1]))
+    for s in range(0, T, chunk_size):
+        Q, K, V, g = q[s:s + chunk_size], k[s:s + chunk_size], v[s:s + chunk_size], log_gate[s:s + chunk_size]
+        b = np.cumsum(g)
+        if write_then_decay:                        # S_t = g_t (S_{t-1} + k_t v_t^T): token i decays by b_r - b_{i-1}
+            b_key = np.concatenate([[0.0], b[:-1]])
+        else:
+            b_key = b
+        C = len(Q)
+        keep = np.tril(np.ones((C, C), dtype=bool), 0 if diagonal else -1)
+        D = np.exp(np.where(keep, b[:, None] - b_key[None, :], -np.inf))
+        Gamma = np.exp(b) if decay_in else np.ones(C)
+        out[s:s + C] = (Gamma[:, None] * Q) @ S + ((Q @ K.T) * D) @ V
+        key_decay = np.exp(b[-1] - b_key) if decay_keys else np.ones(C)
+        S = (np.exp(b[-1]) if decay_state else 1.0) * S + (key_decay[:, None] * K).T @ V
+    return out, S
+
+
+def _decay_cases():
+    """(description, T, chunk_size, d_k, d_v, log-gate kind)."""
+    return [("T = 10 tokens in chunks of 4 (the last chunk has 2), d_k = 3, d_v = 2", 10, 4, 3, 2, "random"),
+            ("T = 8 tokens in one chunk of 8, d_k = 2, d_v = 3", 8, 8, 2, 3, "random"),
+            ("T = 7 tokens in chunks of 3 with no decay (every log_gate 0), d_k = 3, d_v = 3", 7, 3, 3, 3, "zero"),
+            ("T = 12 tokens in chunks of 6 with every log_gate = -200 (each gate about 1e-87)", 12, 6, 3, 2,
+             "strong"),
+            ("T = 5 tokens in chunks of 1, d_k = 4, d_v = 2", 5, 1, 4, 2, "random")]
+
+
+_DECAY_FORMS = (decayed_attention_loop, _decayed_chunks, ssm.ssd_recurrent, ssm.ssd_quadratic, ssm.ssd_chunk, ssm.ssd_mask, ssm.selective_scan_sequential,
+                ssm.selective_scan_parallel)
+
+
+def check_chunkwise_decayed_attention(chunkwise_decayed_attention) -> CheckResult:
+    """Check ``chunkwise_decayed_attention(q, k, v, log_gate, chunk_size) -> (o, S)``.
+
+    Linear attention with a scalar decay (no feature map, no normaliser),
+    ``S_t = g_t S_{t-1} + k_t v_t^T``, ``o_t = S_t^T q_t``, computed chunk by chunk
+    (eq-la-chunkwise with the decays of eq-dr-chunk-out). Compared with
+    :func:`decayed_attention_loop` (Mamba-2's recurrence, which the package computes
+    as :func:`fixedstate.ssm.ssd_recurrent`); names a positive exponent that
+    overflows, a mask without its diagonal, an undecayed incoming state, an
+    undecayed carried state, keys not decayed to the chunk's end, and "write,
+    then decay". Refuses an answer that calls the package's SSD forms or this
+    module's reference loop.
+    """
+    exercise = "ex-la-chunkwise-decay"
+
+    def body():
+        for seed, (desc, T, C, d_k, d_v, kind) in enumerate(_decay_cases()):
+            rng = np.random.default_rng(60 + seed)
+            q, k, v = rng.standard_normal((T, d_k)), rng.standard_normal((T, d_k)), rng.standard_normal((T, d_v))
+            log_gate = {"random": -rng.uniform(0.0, 1.5, T), "zero": np.zeros(T),
+                        "strong": np.full(T, -200.0)}[kind]
+            try:
+                with np.errstate(all="ignore"):
+                    out = call_without(chunkwise_decayed_attention, _DECAY_FORMS, q.copy(), k.copy(), v.copy(),
+                                       log_gate.copy(), C, case=desc)
+            except Failure as failure:
+                if kind == "strong" and ("inf" in str(failure).lower() or "nan" in str(failure).lower()):
+                    raise Failure(f"{failure}. An inf or nan appeared inside your function: a decay written "
+                                  "as a quotient Gamma_r / Gamma_i forms exp(-b_i), a positive exponent; form "
+                                  "exp(b_r - b_i) for i <= r only") from None
+                raise
+            o, S = _unpack(out, 2, "o, S", desc)
+            want_o, want_S = decayed_attention_loop(q, k, v, log_gate)
+            if has_nonfinite(o) or has_nonfinite(S):
+                raise Failure(f"on {desc}: the result holds inf or nan. A decay written as a quotient "
+                              "Gamma_r / Gamma_i forms exp(-b_i), a positive exponent, which overflows "
+                              "(exp(1200) is inf in float64); form exp(b_r - b_i) for i <= r only, and "
+                              "mask the other entries before exponentiating")
+            mistakes = []
+            for flags, message in [
+                (dict(diagonal=False), "token r does not see its own write: the mask keeps i <= r, "
+                                       "the diagonal included (np.tril(..., 0))"),
+                (dict(decay_in=False), "the incoming state is read undecayed: token r of a chunk reads "
+                                       "Gamma_r S_0, with Gamma_r = exp(b_r) the decay since the chunk's start"),
+                (dict(decay_state=False), "the state handed to the next chunk is not decayed: "
+                                          "S_C = Gamma_C S_0 + ..., Gamma_C = exp(b_C)"),
+                (dict(decay_keys=False), "the keys written into the outgoing state are not decayed to the "
+                                         "chunk's end: each k_i carries exp(b_C - b_i)"),
+                (dict(write_then_decay=True), "you decayed after the write, S_t = g_t (S_{t-1} + k_t v_t^T); "
+                                              "the layer decays first and then writes, so a token's own "
+                                              "write is not decayed"),
+            ]:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    mo, ms = _decayed_chunks(q, k, v, log_gate, C, **flags)
+                mistakes.append(((mo, ms), message))
+            o_arr = np.asarray(o, dtype=float)
+            if o_arr.shape == want_o.shape and not np.allclose(o_arr, want_o, rtol=1e-8, atol=1e-10):
+                for (mo, ms), message in mistakes:
+                    if _matches(o, mo) and (_matches(S, ms) or not _matches(S, want_S)):
+                        raise Failure(f"the outputs on {desc}: {message}")
+            compare_arrays(o, want_o, what="the outputs o (T, d_v)", case=desc, rtol=1e-9, atol=1e-10)
+            S_arr = np.asarray(S, dtype=float)
+            if S_arr.shape == want_S.T.shape and d_k != d_v:
+                raise Failure(f"the final state on {desc} has shape {S_arr.shape}: the transpose; the book "
+                              f"stores S as (d_k, d_v) = {want_S.shape}")
+            for (mo, ms), message in mistakes:
+                if _matches(S, ms) and not _matches(S, want_S):
+                    raise Failure(f"the final state on {desc}: {message}")
+            compare_arrays(S, want_S, what="the final state S (d_k, d_v)", case=desc, rtol=1e-9, atol=1e-10)
+        return ("the chunkwise form equals the token loop for every chunk size, a ragged last chunk, "
+                "no decay and a decay of exp(-200) per token, with no inf or nan")
 
     return run_check(exercise, body)
 

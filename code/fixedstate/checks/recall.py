@@ -6,6 +6,14 @@ coding exercises are checked by :func:`check_recall_accuracy` (read a fixed
 state at every key and score it by the nearest stored value) and
 :func:`check_predicted_crosstalk` (the interference term of additive writes,
 equation ``eq-rc-crosstalk``, predicted from the keys alone).
+
+Challenge problem: :func:`check_recall_curve` for
+``recall_curve(keys, values, n_values) -> accuracies``, the capacity experiment of
+the chapter written from scratch (delta-rule writes, reads, nearest-value scoring,
+averaged over seeds), compared with the package's :func:`fixedstate.recall.write_memory`,
+:func:`~fixedstate.recall.read_memory` and :func:`~fixedstate.recall.nearest_value`
+(which the answer may not call); then the experiment at a state size the chapter
+does not measure (:data:`NEW_STATE_SIZE`, answer ``ex-rc-new-size``).
 """
 
 from __future__ import annotations
@@ -13,10 +21,59 @@ from __future__ import annotations
 import numpy as np
 
 from .. import recall as rc
-from ._core import check_numeric, CheckResult, Failure, call_student, compare_arrays, compare_number, failed, run_check
+from .. import delta_rule as dr
+from .. import linear_attention as la
+from ._core import (check_numeric, CheckResult, Failure, call_student, call_without, compare_arrays, compare_number,
+                    failed, run_check)
 
 __all__ = ["ANSWERS", "check_answer", "check_recall_accuracy", "check_predicted_crosstalk",
-           "largest_exact_n", "two_key_errors", "CROSSTALK_OVERLAP"]
+           "largest_exact_n", "two_key_errors", "CROSSTALK_OVERLAP",
+           "check_recall_curve", "NEW_STATE_SIZE", "new_size_draws", "reference_recall_curve"]
+
+#: ex-rc-new-size: a delta-rule state of width 24 (the chapter measures 16 and 64), N pairs of the list,
+#: random unit keys and values, the seeds of :func:`new_size_draws`.
+NEW_STATE_SIZE = dict(d_k=24, d_v=24, n_values=(8, 12, 16, 20, 24, 28, 32, 40, 48), n_seeds=10, seed=2026)
+
+
+def new_size_draws(d_k=None):
+    """The keys and values of ``ex-rc-new-size``: ``(keys (n_seeds, N_max, d_k), values (n_seeds, N_max, d_v))``.
+
+    Seed ``s`` draws ``N_max`` random unit keys and then as many unit values with
+    ``np.random.default_rng(seed + s)`` (:func:`fixedstate.recall.make_keys` and
+    :func:`~fixedstate.recall.make_values`). ``d_k`` (default 24) also sets ``d_v``.
+    """
+    p = NEW_STATE_SIZE
+    d = p["d_k"] if d_k is None else int(d_k)
+    n_max = max(p["n_values"])
+    keys, values = [], []
+    for s in range(p["n_seeds"]):
+        rng = np.random.default_rng(p["seed"] + s)
+        keys.append(rc.make_keys(n_max, d, rng=rng))
+        values.append(rc.make_values(n_max, d, rng=rng))
+    return np.array(keys), np.array(values)
+
+
+def reference_recall_curve(keys, values, n_values, mechanism="delta") -> np.ndarray:
+    """Mean recall accuracy over the seeds for each N: the first N pairs written, read at their keys."""
+    curve = []
+    for n in n_values:
+        acc = []
+        for K, V in zip(keys, values):
+            memory = rc.write_memory(mechanism, K[:n], V[:n])
+            recalled = rc.read_memory(mechanism, memory, K[:n])
+            acc.append(np.mean(rc.nearest_value(recalled, V[:n]) == np.arange(n)))
+        curve.append(np.mean(acc))
+    return np.array(curve)
+
+
+def _largest_reliable(curve, n_values, level=0.9) -> int:
+    """The largest N of the list up to which every mean accuracy is at least ``level`` (0 if none)."""
+    best = 0
+    for n, a in zip(n_values, curve):
+        if a < level:
+            break
+        best = int(n)
+    return best
 
 #: The overlap of the two keys in the crosstalk exercise.
 CROSSTALK_OVERLAP = 0.35
@@ -57,7 +114,21 @@ def two_key_errors(overlap: float = CROSSTALK_OVERLAP) -> dict[str, np.ndarray]:
 
 def _answers() -> dict[str, dict]:
     errs = two_key_errors()
+    p = NEW_STATE_SIZE
+    keys, values = new_size_draws()
+    new_size = _largest_reliable(reference_recall_curve(keys, values, p["n_values"]), p["n_values"])
+    additive = _largest_reliable(reference_recall_curve(keys, values, p["n_values"], "linear"), p["n_values"])
+    k16, v16 = new_size_draws(16)
+    at_16 = _largest_reliable(reference_recall_curve(k16, v16, p["n_values"]), p["n_values"])
+    hints = [(additive, "that is the additive (linear-attention) state's answer: write with the delta rule"),
+             (at_16, "that is the answer for a state of width 16: this experiment uses d_k = d_v = 24"),
+             (p["d_k"], "N = d_k is the number of orthogonal keys a state can hold exactly; these keys are "
+                        "random, so measure rather than reason from d_k")]
     return {
+        "ex-rc-new-size": dict(
+            value=new_size, tolerance=0, relative=False, hints=[h for h in hints if h[0] != new_size],
+            what="the largest N of the list at which a 24-wide delta-rule state keeps a mean accuracy of at "
+                 "least 0.9"),
         "ex-rc-largest-exact": dict(
             value=largest_exact_n(16), tolerance=0, relative=False,
             what="the largest number of pairs a 16-wide delta-rule state recalls exactly"),
@@ -207,3 +278,104 @@ def check_predicted_crosstalk(predicted_crosstalk) -> CheckResult:
         return "the error of additive writes is sum_{j != i} (k_j . k_i) v_j (plus (|k_i|^2 - 1) v_i)"
 
     return run_check("ex-rc-crosstalk", body)
+
+
+# ---------------------------------------------------------------------------
+# Challenge problem: the capacity experiment, written from scratch
+# ---------------------------------------------------------------------------
+
+_RECALL_FORMS = (rc.write_memory, rc.read_memory, rc.nearest_value, rc.recall_pairs, rc.capacity_curve,
+                 rc.batched_final_states, dr.delta_rule_step, dr.delta_rule_recurrent, dr.delta_rule_chunkwise,
+                 dr.gated_delta_rule_loop, dr.gated_delta_rule_recurrent, la.linear_attention_recurrent)
+
+
+def _plain_curve(keys, values, n_values, *, write="delta", read="right", score="distance", among="first",
+                 written="first", fraction=True):
+    """The experiment with switches for the plausible slips (no package call)."""
+    curve = []
+    for n in n_values:
+        acc = []
+        for K, V in zip(keys, values):
+            m = n if written == "first" else len(K)
+            S = np.zeros((K.shape[1], V.shape[1]))
+            for k, v in zip(K[:m], V[:m]):
+                S = S + np.outer(k, v - (S.T @ k if write == "delta" else 0.0))
+            R = K[:n] @ S if read == "right" else K[:n] @ S.T
+            cand = V[:n] if among == "first" else V
+            if score == "distance":
+                pick = np.argmin(np.sum(cand ** 2, axis=1)[None, :] - 2 * R @ cand.T, axis=1)
+            else:
+                pick = np.argmax(R @ cand.T, axis=1)
+            hits = pick == np.arange(n)
+            acc.append(np.mean(hits) if fraction else np.sum(hits))
+        curve.append(np.mean(acc))
+    return np.array(curve)
+
+
+def _curve_cases():
+    cases = []
+    rng = np.random.default_rng(90)
+    K = np.array([rc.make_keys(10, 6, rng=rng) for _ in range(3)])
+    V = np.array([rc.make_values(10, 6, rng=rng) * rng.uniform(0.3, 3.0, (10, 1)) for _ in range(3)])
+    cases.append((K, V, (2, 4, 6, 8, 10), "3 seeds of 10 pairs, d_k = d_v = 6, values of lengths 0.3 to 3"))
+    rng = np.random.default_rng(91)
+    K = np.array([rc.make_keys(12, 8, rng=rng) for _ in range(4)])
+    V = np.array([rc.make_values(12, 3, rng=rng) for _ in range(4)])
+    cases.append((K, V, (3, 6, 9, 12), "4 seeds of 12 pairs, d_k = 8, d_v = 3, unit values"))
+    rng = np.random.default_rng(92)
+    K = np.array([rc.make_keys(5, 5, orthogonal=True, rng=rng) for _ in range(2)])
+    V = np.array([rc.make_values(9, 4, rng=rng)[:5] for _ in range(2)])
+    cases.append((K, V, (1, 5), "2 seeds of 5 orthonormal keys (exact recall expected)"))
+    return cases
+
+
+def check_recall_curve(recall_curve) -> CheckResult:
+    """Check ``recall_curve(keys, values, n_values) -> accuracies`` (``eq-rc-delta``, ``eq-rc-readout``,
+    ``eq-rc-accuracy``).
+
+    ``keys`` ``(n_seeds, N_max, d_k)`` and ``values`` ``(n_seeds, N_max, d_v)``; for
+    each ``N`` of ``n_values`` and each seed, write the first ``N`` pairs into a
+    zero delta-rule state (``beta = 1``), read it at those ``N`` keys (``o = S^T k``),
+    score each read by the nearest of those ``N`` values, and return the mean
+    fraction over the seeds, one number per ``N``. Names additive writes, a
+    transposed read, nearest by dot product, scoring against all ``N_max`` values,
+    writing all ``N_max`` pairs and counts for fractions.
+    """
+
+    def body():
+        for K, V, n_values, case in _curve_cases():
+            got = call_without(recall_curve, _RECALL_FORMS, K.copy(), V.copy(), tuple(n_values), case=case)
+            want = reference_recall_curve(K, V, n_values)
+            try:
+                arr = np.asarray(got, dtype=float)
+            except (TypeError, ValueError):
+                raise Failure(f"on {case}: expected an array of {len(n_values)} accuracies, got "
+                              f"{type(got).__name__}") from None
+            if arr.shape == (len(K), len(n_values)):
+                raise Failure(f"on {case}: expected one mean accuracy per N, shape ({len(n_values)},), got "
+                              f"shape {arr.shape}: average over the seeds (axis 0)")
+            if arr.shape == want.shape and not np.allclose(arr, want, atol=1e-12):
+                for flags, message in [
+                    (dict(write="additive"), "these are the accuracies of additive writes S + k v^T; the delta "
+                                             "rule writes S + k (v - S^T k)^T"),
+                    (dict(read="transposed"), "you read the state as S k; the book stores S as (d_k, d_v) and "
+                                              "reads o = S^T k (keys @ S)"),
+                    (dict(score="dot"), "you picked the value with the largest dot product; the nearest value "
+                                        "is the one at the smallest distance, and a long value wins dot "
+                                        "products it should not"),
+                    (dict(among="all"), "you scored against all N_max values; only the N values written are "
+                                        "candidates"),
+                    (dict(written="all"), "you wrote all N_max pairs for every N; write only the first N"),
+                    (dict(fraction=False), "you returned the number of keys recalled; return the fraction"),
+                ]:
+                    try:
+                        slip = _plain_curve(K, V, n_values, **flags)
+                    except ValueError:                      # e.g. a transposed read when d_k != d_v
+                        continue
+                    if np.allclose(arr, slip, atol=1e-12):
+                        raise Failure(f"on {case}: {message}")
+            compare_arrays(arr, want, what="the mean accuracy for each N", case=case, rtol=0, atol=1e-12)
+        return ("the experiment matches the package's write, read and nearest-value scoring on every case "
+                "(values of different lengths and d_k != d_v included)")
+
+    return run_check("ex-rc-new-size", body)

@@ -10,6 +10,12 @@ coding exercises are checked by:
 
 Each check compares with :mod:`fixedstate.ssm` and, when the answer is wrong,
 recognises the usual mistakes and names them.
+
+Challenge problem: :func:`check_parallel_scan` for ``parallel_scan(a, b) -> h``,
+all prefixes of ``h_t = a_t h_{t-1} + b_t`` in a logarithmic number of levels
+(compared with a plain loop and :func:`fixedstate.ssm.associative_scan`, which the
+answer may not call; a loop over the time steps is recognised by the lines of
+Python it executes).
 """
 
 from __future__ import annotations
@@ -21,11 +27,11 @@ import scipy.linalg
 
 from .. import costs
 from .. import ssm
-from ._core import (CheckResult, check_numeric, Failure, call_student, compare_arrays, compare_number, failed,
-                    run_check)
+from ._core import (CheckResult, check_numeric, Failure, call_student, call_without, compare_arrays, compare_number,
+                    count_student_lines, failed, has_nonfinite, run_check)
 
 __all__ = ["ANSWERS", "check_answer", "check_discretize_zoh", "check_ssm_kernel",
-           "check_selective_step", "KV_CROSSOVER"]
+           "check_selective_step", "check_parallel_scan", "KV_CROSSOVER"]
 
 #: Exercise ex-ssm-kv-vs-state: one grouped-query attention layer (8 key-value heads of width 128,
 #: bf16) against one Mamba-2-shaped layer (d = 2560 expanded by 2, N = 128, float32 state).
@@ -224,5 +230,102 @@ def check_selective_step(selective_step) -> CheckResult:
                 raise Failure(f"y_t on {case} misses the skip term D * x_t")
             compare_arrays(y, want_y, what="y_t", case=case)
         return "the state decays by exp(delta A), writes delta B x, and y reads the updated state plus D x"
+
+    return run_check(label, body)
+
+
+# ---------------------------------------------------------------------------
+# the parallel associative scan (challenge)
+
+_SCAN_FORMS = (ssm.associative_scan, ssm._scan, ssm.selective_scan_parallel, ssm.selective_scan_sequential,
+               ssm.lti_recurrence)
+
+
+def _scan_loop(a, b, *, order="right"):
+    """h_t = a_t h_{t-1} + b_t by a loop (``order="wrong"``: the pairs composed in the opposite order)."""
+    h = np.empty_like(b)
+    if order == "right":
+        prev = np.zeros_like(b[0])
+        for t in range(len(a)):
+            prev = a[t] * prev + b[t]
+            h[t] = prev
+    else:                                    # (a1, b1) . (a2, b2) = (a1 a2, a1 b2 + b1): later steps decayed by earlier gates
+        acc_a, acc_b = np.ones_like(a[0]), np.zeros_like(b[0])
+        for t in range(len(a)):
+            acc_b = acc_b + acc_a * b[t]
+            acc_a = acc_a * a[t]
+            h[t] = acc_b
+    return h
+
+
+def _scan_cases():
+    rng = np.random.default_rng(80)
+    cases = []
+    for T, shape, desc in [(7, (), "T = 7 (odd)"), (1, (), "T = 1"), (2, (), "T = 2"),
+                           (16, (3,), "T = 16 with 3 channels, a and b of shape (16, 3)"),
+                           (13, (2, 4), "T = 13 with a (d, N) = (2, 4) state per step, shape (13, 2, 4)")]:
+        cases.append((rng.uniform(0.3, 1.0, (T,) + shape), rng.standard_normal((T,) + shape), desc))
+    # strong gates: the product of the first t gates underflows to 0 (about 1e-700 at t = 200), so an
+    # answer that divides by cumulative products (h = P cumsum(b / P)) returns inf or nan here
+    cases.append((rng.uniform(1e-4, 1e-3, 200), rng.standard_normal(200),
+                  "T = 200 with strong gates a_t between 1e-4 and 1e-3"))
+    return cases
+
+
+#: The length at which the check counts the lines of Python a scan executes, and the budget it allows.
+SCAN_LINE_TEST = dict(T=8192, budget=2048)
+
+
+def check_parallel_scan(parallel_scan) -> CheckResult:
+    """Check ``parallel_scan(a, b) -> h`` (``eq-ssm-scan-op``): ``h_t = a_t h_{t-1} + b_t`` with ``h_0 = b_0``.
+
+    ``a`` and ``b`` have shape ``(T, ...)``; ``h`` the same. Compared with a plain
+    loop on lengths 1, 2, 7, 16, 13 (with trailing state axes) and 200 (strong gates); names an
+    exclusive scan (the state before each step), the pairs composed in the wrong
+    order and a loop over the time steps (more than 2,048 lines of Python executed
+    at T = 8,192, where about 2 log2 T levels of array operations need a few
+    hundred). Refuses an answer that calls :func:`fixedstate.ssm.associative_scan`.
+    """
+    label = "ex-ssm-parallel-scan"
+
+    def body():
+        for a, b, case in _scan_cases():
+            h = call_without(parallel_scan, _SCAN_FORMS, a.copy(), b.copy(), case=case)
+            want = _scan_loop(a, b)
+            got = np.asarray(h, dtype=float) if not isinstance(h, tuple) else None
+            if got is None:
+                raise Failure(f"on {case}: expected the array h of shape {a.shape}, got a tuple; return h only "
+                              "(the b-part of the scanned pairs)")
+            if got.shape == want.shape and has_nonfinite(got):
+                raise Failure(f"on {case}: h holds inf or nan. Dividing by the cumulative products of the "
+                              "gates (h_t = P_t sum_s b_s / P_s) is not a scan and fails once the products "
+                              "underflow to 0; combine the pairs (a, b) with the associative operator, "
+                              "which only multiplies gates together")
+            if got.shape == want.shape and not np.allclose(got, want, rtol=1e-9, atol=1e-12):
+                exclusive = np.concatenate([np.zeros_like(want[:1]), want[:-1]])
+                if len(a) > 1 and np.allclose(got, exclusive, rtol=1e-9, atol=1e-12):
+                    raise Failure(f"on {case}: you returned the state BEFORE each step (an exclusive scan, "
+                                  "shifted by one); h_t includes step t: h_0 = b_0")
+                if len(a) > 1 and np.allclose(got, _scan_loop(a, b, order="wrong"), rtol=1e-9, atol=1e-12):
+                    raise Failure(f"on {case}: the pairs are composed in the wrong order: applying step 1 "
+                                  "then step 2 gives (a1, b1) . (a2, b2) = (a1 a2, a2 b1 + b2); the later "
+                                  "gate multiplies the earlier b")
+                cumulative_a = np.cumprod(a, axis=0)
+                if np.allclose(got, cumulative_a, rtol=1e-9, atol=1e-12):
+                    raise Failure(f"on {case}: you returned the a-part of the scanned pairs (the products "
+                                  "of the gates); h is the b-part")
+            compare_arrays(h, want, what="h", case=case, rtol=1e-9, atol=1e-12)
+        T, budget = SCAN_LINE_TEST["T"], SCAN_LINE_TEST["budget"]
+        rng = np.random.default_rng(81)
+        a, b = rng.uniform(0.9, 1.0, T), rng.standard_normal(T) * 0.01
+        case = f"T = {T:,} (counting the lines of Python your function executes)"
+        h, lines = count_student_lines(parallel_scan, a, b, case=case)
+        compare_arrays(h, _scan_loop(a, b), what="h", case=case, rtol=1e-8, atol=1e-10)
+        if lines > budget:
+            raise Failure(f"on {case}: your function executed {lines:,} lines of Python, more than the "
+                          f"{budget:,} a parallel scan needs: it loops over the time steps. Combine whole "
+                          "arrays of neighbouring pairs at once, level by level (about 2 log2 T levels)")
+        return (f"every prefix of h_t = a_t h_(t-1) + b_t is right (odd lengths and state axes included), "
+                f"and at T = {T:,} your scan executed {lines:,} lines of Python, not one per step")
 
     return run_check(label, body)

@@ -1,0 +1,113 @@
+"""Grade a folder of submitted exercise notebooks: ``make grade SUBMISSIONS=<folder>``.
+
+Usage: python tools/grade.py SUBMISSIONS [--out DIR] [--chapters 03 06] [--timeout S]
+                             [--cell-timeout S] [--memory MB] [--jobs N] [--points FILE]
+       python tools/grade.py --export-otter DIR [--chapters 03]       (otter-grader tests)
+       python tools/grade.py --export-nbgrader DIR [--chapters 03]    (nbgrader source notebooks)
+
+Each notebook runs from the top in a fresh kernel (no network, a memory limit,
+a time limit per cell and per notebook, the stored outputs ignored); then the
+grader itself calls the book's checks in that kernel on the functions and
+answers the notebook defined. The check cells of the submission are not the
+source of truth: an unchanged check cell is skipped, an edited one runs but its
+output is ignored. Writes gradebook.csv, totals.csv, feedback/<student>.md and
+by_hand.md to --out (default _build/grade). See the "Grading" section of the
+instructor's guide (appendix/instructors.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from time import monotonic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from grading.book import read_book  # noqa: E402
+from grading.export import export_nbgrader, export_otter  # noqa: E402
+from grading.grader import Options, _fmt, grade_all  # noqa: E402
+from grading.report import write_reports  # noqa: E402
+from grading.runner import probe_sandbox  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _chapters(names: list[str] | None, book) -> list[str] | None:
+    if not names:
+        return None
+    out = []
+    for name in names:
+        for part in name.replace(",", " ").split():
+            stem = next((s for s, c in book.items() if part in (s, c.number, f"{s}.ipynb")
+                         or (part.isdigit() and int(part) == int(c.number))), None)
+            if stem is None:
+                raise SystemExit(f"grade: no chapter {part!r}; the chapters are " + ", ".join(book))
+            out.append(stem)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("submissions", type=Path, nargs="?",
+                   help="the folder of submitted notebooks, one folder per student")
+    p.add_argument("--out", type=Path, default=ROOT / "_build" / "grade", help="where to write the reports")
+    p.add_argument("--chapters", nargs="*", default=None,
+                   help="the assigned chapters (03, 03_delta_rule, ...): every student gets a row for each of "
+                        "their exercises, and other chapters are not graded; default: what was handed in")
+    p.add_argument("--timeout", type=float, default=float(os.environ.get("GRADE_TIMEOUT", 120)),
+                   help="seconds for all the code cells of one notebook (default 120)")
+    p.add_argument("--cell-timeout", type=float, default=float(os.environ.get("GRADE_CELL_TIMEOUT", 30)),
+                   help="seconds for one cell, and for one check (default 30)")
+    p.add_argument("--memory", type=int, default=4096, help="memory limit of a kernel in MB (0: none; default 4096)")
+    p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="notebooks graded at once")
+    p.add_argument("--points", type=Path, default=None,
+                   help="a CSV (exercise,points) of the instructor's own points, overriding the book's badges")
+    p.add_argument("--export-otter", type=Path, metavar="DIR",
+                   help="instead of grading, write an otter-grader autograder.zip per chapter to DIR")
+    p.add_argument("--export-nbgrader", type=Path, metavar="DIR",
+                   help="instead of grading, write nbgrader source notebooks to DIR/source/<assignment>/")
+    p.add_argument("--assignment", default="", help="the nbgrader assignment name (default: the chapter's)")
+    p.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    book = read_book(args.root, args.points)
+    if args.export_otter or args.export_nbgrader:
+        chosen = {s: book[s] for s in (_chapters(args.chapters, book) or book)}
+        if args.export_otter:
+            for path in export_otter(chosen, args.export_otter):
+                print(f"otter-grader autograder: {path}")
+        if args.export_nbgrader:
+            for path in export_nbgrader(chosen, args.export_nbgrader, args.root, args.assignment):
+                print(f"nbgrader source notebook: {path}")
+        return 0
+    if args.submissions is None or not args.submissions.is_dir():
+        p.error(f"{args.submissions} is not a folder")
+    opts = Options(timeout=args.timeout, cell_timeout=args.cell_timeout, memory_mb=args.memory, jobs=args.jobs,
+                   chapters=_chapters(args.chapters, book))
+    sandbox = probe_sandbox()
+    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
+    say(f"grading {args.submissions} ({sandbox.description}; {opts.timeout:g} s per notebook, "
+        f"{opts.cell_timeout:g} s per cell, {opts.jobs} at a time)")
+    t0 = monotonic()
+
+    def progress(g):
+        n_checks = sum(len(r.outcomes) for r in g.results)
+        n_passed = sum(o.passed for r in g.results for o in r.outcomes)
+        say(f"  {g.student:<16} {g.submission.rel if g.submission else '-':<40} "
+            f"{n_passed}/{n_checks} checks, {_fmt(g.points)}/{_fmt(g.auto_max)} points ({g.seconds:.1f} s)")
+
+    graded = grade_all(args.submissions, book, opts, sandbox, progress)
+    paths = write_reports(graded, args.out)
+    say(f"graded {len({g.student for g in graded})} students in {monotonic() - t0:.1f} s")
+    for g in graded:
+        say(f"  {g.student:<16} {g.chapter.stem:<24} {_fmt(g.points):>6} / {_fmt(g.auto_max):<6}"
+            + (f" + {_fmt(g.hand_max)} by hand" if g.hand_max else ""))
+    for name, path in paths.items():
+        say(f"{name}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,483 @@
+"""Find the submissions, tell which chapter each holds, run and grade them, score the exercises.
+
+A submissions folder holds one folder per student, with the student's
+notebooks anywhere below it (``<folder>/<student>/03_delta_rule.ipynb``, or
+nbgrader's ``<folder>/<student>/<assignment>/03_delta_rule.ipynb``); a notebook
+directly in the folder counts as the submission of the student its file is
+named after (``<folder>/alice.ipynb``). Checkpoint folders are ignored.
+
+Which chapter a notebook holds is read from its content, the ``:label: ex-...``
+of its exercise directives, matched against the book's exercise notebooks; the
+file name decides only when the content cannot (a file that is not a readable
+notebook), and a file name that names another chapter than the content is
+reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import monotonic
+
+import nbformat
+
+from .book import Chapter, Exercise, cell_source, exercise_spans, function_arity, normalise, parse_code
+from .runner import KernelSession, Sandbox, scratch_dir
+
+__all__ = ["Options", "Submission", "Graded", "ExerciseResult", "discover", "identify", "grade_all"]
+
+LABEL_ANYWHERE = re.compile(r":label:\s*(ex-[\w-]+)")
+MAX_RESTARTS = 3
+
+
+@dataclass
+class Options:
+    timeout: float = 120.0         # seconds for all the student's cells of one notebook
+    cell_timeout: float = 30.0     # seconds for one cell, and for one check call
+    memory_mb: int = 4096          # address-space limit of a kernel (0: none)
+    jobs: int = 2                  # notebooks graded at once
+    chapters: list[str] | None = None   # the assigned chapters (stems); None: whatever was handed in
+
+
+@dataclass
+class Submission:
+    student: str
+    path: Path
+    rel: str                       # the path inside the submissions folder
+    nb: object | None = None       # the notebook, if it could be read
+    problem: str = ""              # why it could not be read
+    chapter: str | None = None     # the chapter it holds (a stem)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CheckOutcome:
+    status: str                    # ok | undefined | error | timeout | killed | died | interrupted | not run
+    passed: bool = False
+    message: str = ""
+    details: list[str] = field(default_factory=list)
+    name: str = ""                 # the undefined name
+
+
+@dataclass
+class ExerciseResult:
+    exercise: Exercise
+    points: float                  # the points of the checked part
+    outcomes: list[CheckOutcome]
+    message: str
+    texts: list[str] = field(default_factory=list)   # one line per check, for the feedback
+
+    @property
+    def passed(self) -> str:
+        n = sum(o.passed for o in self.outcomes)
+        return "yes" if n == len(self.outcomes) else ("no" if n == 0 else "partial")
+
+
+@dataclass
+class Graded:
+    """One student's grade for one chapter."""
+    student: str
+    chapter: Chapter
+    submission: Submission | None
+    results: list[ExerciseResult]
+    notes: list[str]               # about running the notebook: crashed cells, time-outs, other files
+    seconds: float = 0.0
+    answers: dict[str, list[str]] = field(default_factory=dict)   # label -> the student's own cells
+
+    @property
+    def points(self) -> float:
+        return sum(r.points for r in self.results)
+
+    @property
+    def auto_max(self) -> float:
+        return sum(e.auto_points for e in self.chapter.exercises)
+
+    @property
+    def hand_max(self) -> float:
+        return sum(e.hand_points for e in self.chapter.exercises)
+
+
+# --------------------------------------------------------------------------- finding the submissions
+
+def discover(folder: Path) -> list[Submission]:
+    subs = []
+    for path in sorted(folder.rglob("*.ipynb")):
+        rel = path.relative_to(folder)
+        if any(part.startswith(".") or part == "__pycache__" for part in rel.parts):
+            continue
+        student = rel.parts[0] if len(rel.parts) > 1 else path.stem
+        subs.append(Submission(student=student, path=path, rel=rel.as_posix()))
+    return subs
+
+
+def read_submission(sub: Submission) -> None:
+    try:
+        if sub.path.stat().st_size == 0:
+            raise ValueError("the file is empty (0 bytes)")
+        nb = nbformat.read(sub.path, as_version=4)
+        if not isinstance(nb.get("cells"), list):
+            raise ValueError("it has no cells")
+        sub.nb = nb
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is reported, not raised
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        sub.problem = f"not a readable notebook: {msg[:200]}"
+
+
+def _chapter_by_name(name: str, chapters: dict[str, Chapter]) -> str | None:
+    m = re.match(r"(\d\d)[_\- ]", name)
+    if m:
+        return next((s for s, c in chapters.items() if c.number == m.group(1)), None)
+    return next((s for s in chapters if s in name), None)
+
+
+def identify(sub: Submission, chapters: dict[str, Chapter]) -> None:
+    """Set ``sub.chapter`` from the labels in the notebook (else its file name); note a mismatch."""
+    by_name = _chapter_by_name(sub.path.name, chapters)
+    by_content = None
+    if sub.nb is not None:
+        labels = set()
+        for cell in sub.nb.cells:
+            if cell.get("cell_type") == "markdown":
+                labels.update(LABEL_ANYWHERE.findall(cell_source(cell)))
+        scores = {stem: len(labels & set(ch.labels)) for stem, ch in chapters.items()}
+        best = max(scores.values(), default=0)
+        if best > 0:
+            tops = [s for s, v in scores.items() if v == best]
+            by_content = by_name if by_name in tops else tops[0]
+        else:
+            imports = set()
+            for cell in sub.nb.cells:
+                if cell.get("cell_type") == "code":
+                    imports.update(re.findall(r"fixedstate\.checks\.(\w+)", cell_source(cell)))
+            matches = [s for s, ch in chapters.items() if {m.rsplit(".", 1)[-1] for m in ch.check_modules} & imports]
+            if by_name in matches:
+                by_content = by_name
+            elif len(matches) == 1:
+                by_content = matches[0]
+    sub.chapter = by_content or by_name
+    if by_content and by_name and by_content != by_name:
+        sub.notes.append(f"the file is named {sub.path.name} but holds the exercises of chapter "
+                         f"{chapters[by_content].number} ({chapters[by_content].stem}.ipynb)")
+
+
+# --------------------------------------------------------------------------- running one notebook
+
+@dataclass
+class _Run:
+    cell_notes: dict[int, str] = field(default_factory=dict)
+    outcomes: dict[tuple[str, int], CheckOutcome] = field(default_factory=dict)
+    fatal: set = field(default_factory=set)
+    ran_out_at: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _snippet(check, helper: str = "_fixedstate_grader") -> str:
+    return (f'__import__("sys").modules["{helper}"].run({check.module!r}, {check.function!r}, '
+            f"{check.thunk})")
+
+
+def _from_grade(data: dict) -> CheckOutcome:
+    return CheckOutcome(status=data.get("status", "error"), passed=bool(data.get("passed")),
+                        message=str(data.get("message", "")), details=list(data.get("details", [])),
+                        name=str(data.get("name", "")))
+
+
+async def run_notebook(sub: Submission, chapter: Chapter, opts: Options, sandbox: Sandbox) -> _Run:
+    """Execute the submission's code cells, then every check of its chapter; never raises."""
+    run = _Run()
+    cells = [(i, cell_source(c)) for i, c in enumerate(sub.nb.cells)
+             if c.get("cell_type") == "code" and cell_source(c).strip()
+             and normalise(cell_source(c)) not in chapter.check_cells]
+    checks = [(ex.label, j, check) for ex in chapter.exercises for j, check in enumerate(ex.checks)]
+    scratch = scratch_dir()
+    workdir = scratch / "work"
+    workdir.mkdir()
+    for sibling in sub.path.parent.iterdir():      # files next to the notebook (a module of the student's)
+        try:
+            if sibling.is_file() and sibling.suffix != ".ipynb" and sibling.stat().st_size < 2_000_000:
+                shutil.copy(sibling, workdir / sibling.name)
+        except OSError:
+            pass
+    nonce = secrets.token_hex(12)
+    deadline = monotonic() + opts.timeout
+    restarts = 0
+    try:
+        while True:
+            session = KernelSession(scratch=scratch, workdir=workdir, sandbox=sandbox, nonce=nonce,
+                                    memory_mb=opts.memory_mb, modules=chapter.check_modules)
+            try:
+                await session.start()
+            except Exception as exc:  # noqa: BLE001
+                await session.stop()
+                run.notes.append(f"the grader could not start a kernel: {type(exc).__name__}: {exc}")
+                for label, j, _ in checks:
+                    run.outcomes.setdefault((label, j), CheckOutcome("not run", message="the kernel did not start"))
+                return run
+            restart = False
+            for i, src in cells:
+                if i in run.fatal:
+                    continue
+                remaining = deadline - monotonic()
+                if remaining <= 0.5:
+                    if run.ran_out_at is None:
+                        run.ran_out_at = i
+                    run.cell_notes.setdefault(i, f"not run: the notebook's time limit of {opts.timeout:g} s "
+                                                 "ran out before this cell")
+                    continue
+                out = await session.execute(src, i, min(opts.cell_timeout, remaining))
+                if out.status == "error":
+                    run.cell_notes.setdefault(i, f"raised {out.error}")
+                elif out.status == "timeout":
+                    run.cell_notes.setdefault(i, f"was stopped after {out.elapsed:.0f} s, still running "
+                                                 "(an infinite loop?)")
+                elif out.status in ("killed", "died"):
+                    run.fatal.add(i)
+                    run.cell_notes[i] = (
+                        f"was still running after {out.elapsed:.0f} s and did not stop when interrupted: the "
+                        "kernel was killed, and the notebook re-run without this cell" if out.status == "killed"
+                        else "crashed the kernel (Python itself died: a segfault, os._exit, or too much memory); "
+                             "the notebook was re-run without this cell")
+                    restart = True
+                    break
+            if not restart:
+                for label, j, check in checks:
+                    if (label, j) in run.outcomes:
+                        continue
+                    out = await session.execute(_snippet(check), -1, opts.cell_timeout)
+                    if out.status in ("killed", "died"):
+                        run.outcomes[(label, j)] = CheckOutcome(out.status)
+                        restart = True
+                        break
+                    if out.status == "timeout":
+                        run.outcomes[(label, j)] = CheckOutcome("timeout", message=f"{out.elapsed:.0f}")
+                    elif out.grades:
+                        run.outcomes[(label, j)] = _from_grade(out.grades[-1])
+                    else:
+                        run.outcomes[(label, j)] = CheckOutcome("error", message=out.error or "no result")
+            await session.stop()
+            if not restart:
+                return run
+            restarts += 1
+            if restarts > MAX_RESTARTS:
+                run.notes.append(f"the kernel died {restarts} times; the checks not yet run were not graded")
+                for label, j, _ in checks:
+                    run.outcomes.setdefault((label, j), CheckOutcome("not run", message="the kernel kept dying"))
+                return run
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- scoring
+
+def _fmt(x: float) -> str:
+    return f"{x:.2f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))
+
+
+def _spans(nb) -> dict[str, tuple[int, int]]:
+    """Each exercise's cells in a notebook: from its directive to the next exercise's directive.
+
+    The answer to an exercise whose directive opens and closes in one cell comes
+    after that cell, so an exercise's region runs on past its ``{exercise-end}``.
+    """
+    spans = exercise_spans(nb.cells)
+    out = {}
+    for k, (label, _, first, _) in enumerate(spans):
+        nxt = spans[k + 1][2] - 1 if k + 1 < len(spans) else len(nb.cells) - 1
+        out.setdefault(label, (first, nxt))
+    return out
+
+
+def _renamed(sub: Submission, ex: Exercise, name: str, span, known: set[str]) -> str:
+    """A hint when the exercise's cells define a function of the same arity under another name."""
+    if ex.names.get(name) != "function":
+        return ""
+    first, last = span if span else (0, len(sub.nb.cells) - 1)
+    want = ex.arity.get(name)
+    found = []
+    for cell in sub.nb.cells[first:last + 1]:
+        if cell.get("cell_type") != "code":
+            continue
+        tree = parse_code(cell_source(cell))
+        if tree is None:
+            continue
+        for fn, arity in function_arity(tree).items():
+            if fn != name and fn not in known and (want is None or arity == want) and fn not in found:
+                found.append(fn)
+    if not found:
+        return ""
+    return (f"; this exercise's cells define `{found[0]}` instead: was the function renamed? The check "
+            f"calls it `{name}`, the name the exercise asks for")
+
+
+def _describe(o: CheckOutcome, check, limit: float) -> str:
+    if o.status == "ok":
+        return ("PASSED: " if o.passed else "NOT YET: ") + o.message + \
+            ("".join(f" {d}" for d in o.details) if o.details and not o.passed else "")
+    if o.status == "undefined":
+        return f"NOT YET: the notebook does not define `{o.name or '?'}`"
+    if o.status in ("timeout", "interrupted"):
+        what = " or ".join(f"`{n}`" for n in check.names if not n.isupper()) or "the code"
+        return f"NOT YET: the check was stopped after {limit:g} s: {what} did not return (an infinite loop?)"
+    if o.status == "killed":
+        return (f"NOT YET: the check was stopped after {limit:g} s and the code did not stop when interrupted "
+                "(an infinite loop that catches KeyboardInterrupt?)")
+    if o.status == "died":
+        return ("NOT YET: the kernel died while the check ran the student's code (a crash of Python itself, "
+                "or more memory than the limit)")
+    if o.status == "error":
+        return f"NOT YET: the check could not use the answer: {o.message}"
+    return f"NOT GRADED: {o.message or o.status}"
+
+
+def score(sub: Submission, chapter: Chapter, run: _Run, opts: Options) -> tuple[list[ExerciseResult], list[str]]:
+    spans = _spans(sub.nb)
+    known = {n for ex in chapter.exercises for n in ex.names}
+    cell_exercise = {}
+    for label, (first, last) in spans.items():
+        for i in range(first, last + 1):
+            cell_exercise[i] = label
+    results = []
+    for ex in chapter.exercises:
+        outcomes, parts, texts, got = [], [], [], 0.0
+        share = ex.auto_points / len(ex.checks) if ex.checks else 0.0
+        for j, check in enumerate(ex.checks):
+            o = run.outcomes.get((ex.label, j), CheckOutcome("not run", message="not run"))
+            outcomes.append(o)
+            text = _describe(o, check, opts.cell_timeout)
+            if o.status == "undefined":
+                text += _renamed(sub, ex, o.name, spans.get(ex.label), known)
+                if run.ran_out_at is not None:
+                    text += f" (the notebook ran out of time at cell {run.ran_out_at})"
+            if o.passed:
+                got += share
+            texts.append(text)
+            parts.append(f"{check.part}: {text}" if len(ex.checks) > 1 else text)
+        cell_notes = [f"cell {i} {note}" for i, note in sorted(run.cell_notes.items())
+                      if cell_exercise.get(i) == ex.label]
+        message = " | ".join(parts)
+        if cell_notes and not all(o.passed for o in outcomes):
+            message += " [" + "; ".join(cell_notes) + "]"
+        if cell_notes and not all(o.passed for o in outcomes):
+            texts = [*texts, "while running the notebook: " + "; ".join(cell_notes)]
+        results.append(ExerciseResult(ex, round(got, 4), outcomes, message, texts))
+    notes = [f"cell {i} {note}" + (f" (in {cell_exercise[i]})" if i in cell_exercise else "")
+             for i, note in sorted(run.cell_notes.items())]
+    return results, [*sub.notes, *run.notes, *notes]
+
+
+def answers_by_hand(sub: Submission, chapter: Chapter) -> dict[str, list[str]]:
+    """For each exercise with a part graded by hand, the student's cells in it that the book does not have."""
+    original = {normalise(cell_source(c)) for c in json.loads(chapter.path.read_text(encoding="utf-8"))["cells"]}
+    out = {}
+    spans = _spans(sub.nb)
+    for ex in chapter.exercises:
+        if not ex.conceptual or ex.label not in spans:
+            continue
+        first, last = spans[ex.label]
+        mine = []
+        for cell in sub.nb.cells[first:last + 1]:
+            src = cell_source(cell)
+            if src.strip() and normalise(src) not in original:
+                mine.append(("```python\n" + src.strip() + "\n```") if cell.get("cell_type") == "code" else src.strip())
+        out[ex.label] = mine
+    return out
+
+
+def _not_graded(chapter: Chapter, why: str) -> list[ExerciseResult]:
+    return [ExerciseResult(ex, 0.0, [CheckOutcome("not run", message=why) for _ in ex.checks],
+                           f"NOT GRADED: {why}", [f"NOT GRADED: {why}"] if ex.checks else [])
+            for ex in chapter.exercises]
+
+
+# --------------------------------------------------------------------------- the whole folder
+
+async def _grade_one(sub, chapter, opts, sandbox, sem, progress) -> Graded:
+    async with sem:
+        t0 = monotonic()
+        try:
+            run = await run_notebook(sub, chapter, opts, sandbox)
+            results, notes = score(sub, chapter, run, opts)
+        except Exception as exc:  # noqa: BLE001 - a grader bug must not stop the class's run
+            results = _not_graded(chapter, f"the grader failed on this notebook: {type(exc).__name__}: {exc}")
+            notes = [*sub.notes, f"the grader failed: {type(exc).__name__}: {exc}"]
+        g = Graded(sub.student, chapter, sub, results, notes, monotonic() - t0, answers_by_hand(sub, chapter))
+        progress(g)
+        return g
+
+
+def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox: Sandbox,
+              progress=lambda g: None) -> list[Graded]:
+    """Grade every notebook in ``folder``; one :class:`Graded` per student and chapter."""
+    subs = discover(folder)
+    for sub in subs:
+        read_submission(sub)
+        identify(sub, chapters)
+    assigned = opts.chapters
+    students = sorted({s.student for s in subs})
+    todo: list[Submission] = []
+    graded: list[Graded] = []
+    skipped: dict[str, list[str]] = {}
+    for sub in subs:
+        if sub.chapter is None:
+            skipped.setdefault(sub.student, []).append(
+                f"{sub.rel}: " + (sub.problem or "could not tell which chapter's exercises it holds; not graded"))
+        elif assigned is not None and sub.chapter not in assigned:
+            skipped.setdefault(sub.student, []).append(
+                f"{sub.rel} holds the exercises of chapter {chapters[sub.chapter].number} "
+                f"({sub.chapter}), which was not assigned: not graded")
+        elif sub.nb is None:
+            graded.append(Graded(sub.student, chapters[sub.chapter], sub,
+                                 _not_graded(chapters[sub.chapter], f"{sub.rel} is {sub.problem}"),
+                                 [*sub.notes, f"{sub.rel} is {sub.problem}"]))
+        else:
+            todo.append(sub)
+
+    async def main():
+        sem = asyncio.Semaphore(max(1, opts.jobs))
+        return await asyncio.gather(*(_grade_one(s, chapters[s.chapter], opts, sandbox, sem, progress)
+                                      for s in todo))
+
+    graded.extend(asyncio.run(main()) if todo else [])
+    # one grade per student and chapter: the best of several copies
+    best: dict[tuple[str, str], Graded] = {}
+    for g in graded:
+        key = (g.student, g.chapter.stem)
+        other = best.get(key)
+        if other is None:
+            best[key] = g
+            continue
+        keep, drop = (g, other) if _rank(g) > _rank(other) else (other, g)
+        keep.notes.append(f"{drop.submission.rel} holds the same chapter; the better-scoring copy "
+                          f"{keep.submission.rel} was kept")
+        best[key] = keep
+    wanted = assigned if assigned is not None else sorted({g.chapter.stem for g in best.values()})
+    for student in students:
+        for stem in wanted:
+            if (student, stem) not in best:
+                why = "not submitted"
+                if skipped.get(student):
+                    why += ": " + "; ".join(skipped[student])
+                best[(student, stem)] = Graded(student, chapters[stem], None, _not_graded(chapters[stem], why),
+                                               [why])
+            elif skipped.get(student):
+                best[(student, stem)].notes.extend(skipped[student])
+    out = [best[k] for k in sorted(best) if assigned is None or k[1] in assigned]
+    # a student whose only notebooks could not be placed still appears, with a note
+    placed = {g.student for g in out}
+    for student in students:
+        if student not in placed:
+            for stem in wanted:
+                out.append(Graded(student, chapters[stem], None,
+                                  _not_graded(chapters[stem], "; ".join(skipped.get(student, ["not submitted"]))),
+                                  skipped.get(student, [])))
+    return sorted(out, key=lambda g: (g.student, g.chapter.stem))
+
+
+def _rank(g: Graded):
+    named = g.submission is not None and g.submission.path.stem == g.chapter.stem
+    return (g.points, named)
