@@ -14,14 +14,15 @@ MATHJAX := mathjax@3.2.2
 EXECUTE_TIMEOUT ?= 900
 NOTEBOOKS = $(sort $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb))
 
-.PHONY: book test lab execute bench student-book unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
+.PHONY: book test lab execute bench reference-env student-book unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
 
 help:
 	@echo "make book          build the HTML book into _build/html"
 	@echo "make test          run the whole test suite (unit tests, nbval, strict build, browser, student edition)"
 	@echo "make lab           open JupyterLab on the book with the package importable"
 	@echo "make execute       re-execute every notebook in place from a clean kernel"
-	@echo "make bench         time the chunkwise delta rule against the recurrence"
+	@echo "make bench         time the chunkwise delta rule against the recurrence and the GEMM limit"
+	@echo "make reference-env a separate venv with torch and transformers, which make bench then compares with"
 	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
 	@echo "make grade         grade a folder of exercise notebooks: make grade SUBMISSIONS=<folder>"
 
@@ -97,6 +98,20 @@ grade: $(STAMP)
 	$(if $(SUBMISSIONS),,rm -rf $(GRADE_FIXTURES) && $(BIN)/python tools/make_grade_fixtures.py $(GRADE_FIXTURES))
 	$(BIN)/python tools/grade.py "$(or $(SUBMISSIONS),$(GRADE_FIXTURES))" --out "$(GRADE_OUT)" \
 	  $(if $(CHAPTERS),--chapters $(CHAPTERS)) $(if $(SUBMISSIONS),,--cell-timeout 5 --timeout 60) $(GRADE_FLAGS)
+
+# Optional, never part of make test: the reference implementations of transformers
+# (pure-torch Gated DeltaNet and KDA) in an environment of their own. torch==2.13.0
+# resolves to the CPU build; make bench times them on the same inputs when this exists.
+REF_VENV := .venv-reference
+REF_STAMP := $(REF_VENV)/.installed
+
+reference-env: $(REF_STAMP)
+
+$(REF_STAMP): Makefile
+	test -x $(REF_VENV)/bin/python || $(PYTHON) -m venv $(REF_VENV)
+	$(REF_VENV)/bin/python -m pip install --quiet --upgrade "pip>=24"
+	$(REF_VENV)/bin/python -m pip install --quiet "torch==2.13.0" "transformers==5.24.0" "numpy==2.4.6"
+	touch $(REF_STAMP)
 
 clean:
 	rm -rf _build

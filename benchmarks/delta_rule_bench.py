@@ -1,37 +1,101 @@
-"""Time the chunkwise delta rule against the token-by-token recurrence (``make bench``).
+"""Time the delta-rule family's forms against each other and against the GEMM limit (``make bench``).
 
-Prints, for Gated DeltaNet (and DeltaNet and KDA for comparison) at T = 4096,
-d_k = d_v = 128, in float32 and float64, the best-of-N time of the recurrence
-(`*_recurrent`: a numpy loop over tokens, vectorised over the state) and of the
-chunkwise form, and their ratio. Then runs T = 16384 in float32 with strong
-decay and reports the largest deviation from a float64 run and whether any inf
-or nan appeared.
+At T = 4096, d_k = d_v = 128, one head, chunk 64, in float64 and float32, for
+DeltaNet, Gated DeltaNet and KDA: the recurrence (``*_recurrent``, a numpy loop
+over tokens, vectorised over the state), the chunkwise form (``*_chunkwise``)
+and the GEMM limit, the time the chunkwise form's matrix products would take at
+this machine's rate for large products with one BLAS thread. The FLOPs are
+counted by ``fixedstate.costs.delta_rule_chunkwise_flops``, which a test checks
+against the products the forms actually call. Every configuration runs twice:
+under the BLAS threads this process starts with (the library's default; this
+script sets no thread variable) and under one thread (threadpoolctl). Each time
+is the median over rounds of the fastest of several runs.
 
-BLAS threads. This machine has two cores, shared. OpenBLAS's worker threads
-spin while they wait, so when another process holds a core, small matrix
-products slow down several times over. Unless the environment already says
-otherwise, this script runs with one BLAS thread (both forms are timed under
-the same setting); set ``OPENBLAS_NUM_THREADS`` yourself to compare.
+When the optional reference environment exists (``make reference-env``: torch
+and transformers in ``.venv-reference``), transformers' pure-torch
+``torch_chunk_gated_delta_rule`` (Qwen3-Next) and ``chunk_kimi_delta_attention``
+(Kimi Linear) run on the same float32 inputs, and their time and output are
+compared with the book's chunkwise forms. Last, a run of T = 16384 in float32
+with strong decay reports the largest deviation from float64 and any inf or nan.
 
-Options: ``--repeats N`` (default 7), ``--save-figure PATH`` (a plot of time
-against T), ``--quick`` (smaller sizes, for a smoke test).
+Options: ``--repeats N`` (runs per round, default 5), ``--rounds R`` (default 3),
+``--quick`` (small sizes, a smoke test), ``--reference PYTHON`` (the reference
+environment's interpreter), ``--save-figure PATH`` (time against T).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import numpy as np
+from threadpoolctl import threadpool_info
 
-import argparse  # noqa: E402
-import platform  # noqa: E402
-import time  # noqa: E402
+from fixedstate import delta_rule as dr
+from fixedstate.timing import best_time, chunkwise_table, format_chunkwise_table, random_layer_inputs, time_forms
 
-import numpy as np  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = {"gated": 3.0, "kda": 2.5}   # chunkwise at least this many times faster than the recurrence
+LIMIT_TARGET = 1.6                      # Gated DeltaNet's chunkwise at most this many times its GEMM limit
 
-from fixedstate import delta_rule as dr  # noqa: E402
-from fixedstate.timing import time_forms  # noqa: E402
+
+def blas_description():
+    libs = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
+    if not libs:
+        return "BLAS: none that threadpoolctl knows"
+    return "BLAS: " + "; ".join(f"{lib['internal_api']} {lib['version']} ({lib.get('architecture')}, "
+                                f"{lib['num_threads']} threads by default, {Path(lib['filepath']).name})"
+                                for lib in libs)
+
+
+def median_best(fn, repeats, rounds):
+    return float(np.median([best_time(fn, repeats=repeats) for _ in range(rounds)]))
+
+
+def reference_comparison(python, T, d, repeats, rounds):
+    """transformers' pure-torch forms against the book's chunkwise forms, float32, the same inputs."""
+    scale = d ** -0.5
+    inputs = {}
+    for layer in ("gated", "kda"):
+        q, k, v, params = random_layer_inputs(T, d, d, layer=layer, dtype=np.float32)
+        inputs.update(q=q, k=k, v=v, beta=params["beta"], **{f"g_{layer}": params["log_gate"]})
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(Path(tmp) / "in.npz", **inputs)
+        t0 = time.perf_counter()
+        run = subprocess.run([str(python), str(ROOT / "benchmarks" / "reference_delta_rule.py"),
+                              str(Path(tmp) / "in.npz"), str(Path(tmp) / "out.npz"),
+                              "--repeats", str(repeats), "--rounds", str(rounds)],
+                             capture_output=True, text=True, check=False)
+        if run.returncode != 0:
+            print(f"  the reference run failed:\n{run.stderr[-2000:]}")
+            return None
+        report = json.loads(run.stdout.strip().splitlines()[-1])
+        torch_out = dict(np.load(Path(tmp) / "out.npz"))
+    print(f"  torch {report['torch']}, {report['default_threads']} threads by default; "
+          f"the reference run took {time.perf_counter() - t0:.0f} s")
+    fns = {"gated": (dr.gated_delta_rule_chunkwise, "torch_chunk_gated_delta_rule"),
+           "kda": (dr.kda_chunkwise, "chunk_kimi_delta_attention")}
+    ratios = {}
+    for layer, (fn, torch_name) in fns.items():
+        args = (inputs["q"], inputs["k"], inputs["v"])
+        kw = {"beta": inputs["beta"], "log_gate": inputs[f"g_{layer}"], "scale": scale}
+        ours, _ = fn(*args, **kw)
+        t_ours = median_best(lambda: fn(*args, **kw), repeats, rounds)
+        diff = np.max(np.abs(ours - torch_out[layer])) / np.max(np.abs(torch_out[layer]))
+        t_torch = report[layer]
+        ratios[layer] = t_ours / t_torch["default"]
+        print(f"  {torch_name}: {1e3 * t_torch['default']:.1f} ms (torch's default threads), "
+              f"{1e3 * t_torch['one']:.1f} ms (one thread); book's {fn.__name__} float32: {1e3 * t_ours:.1f} ms, "
+              f"{ratios[layer]:.2f} times torch's default-threads time; outputs agree to {diff:.1e} "
+              f"(relative to the largest)")
+    return ratios
 
 
 def strong_decay_run(T=16384, d=128, chunk_size=64, seed=0):
@@ -73,30 +137,49 @@ def strong_decay_run(T=16384, d=128, chunk_size=64, seed=0):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--save-figure", default=None)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--reference", default=str(ROOT / ".venv-reference" / "bin" / "python"))
+    parser.add_argument("--save-figure", default=None)
     args = parser.parse_args(argv)
     T = 512 if args.quick else 4096
     d = 32 if args.quick else 128
-    print(f"numpy {np.__version__}, python {platform.python_version()}, {os.cpu_count()} cores, "
-          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
-    print(f"best of {args.repeats} runs; T={T}, d_k=d_v={d}\n")
-    print(f"{'layer':<7}{'dtype':<9}{'chunk':>6}{'recurrent ms':>14}{'chunkwise ms':>14}{'ratio':>8}"
-          f"{'max rel diff':>14}")
-    results = {}
-    for layer in ("gated", "delta", "kda"):
-        for dtype in (np.float64, np.float32):
-            for chunk in (64, 32):
-                r = time_forms(T, d, d, dtype=dtype, chunk_size=chunk, repeats=args.repeats, layer=layer)
-                results[(layer, np.dtype(dtype).name, chunk)] = r
-                print(f"{layer:<7}{np.dtype(dtype).name:<9}{chunk:>6}{1e3 * r['recurrent']:>14.1f}"
-                      f"{1e3 * r['chunkwise']:>14.1f}{r['ratio']:>8.2f}{r['max_rel_diff']:>14.2e}")
-    head = results[("gated", "float64", 64)]
-    print(f"\nGated DeltaNet, float64, chunk 64: chunkwise is {head['ratio']:.2f}x faster than the recurrence "
-          f"(target >= 2.5x).")
-    best = max((r["ratio"], c) for (lay, dt, c), r in results.items() if lay == "gated" and dt == "float64")
-    print(f"Best float64 chunk size for Gated DeltaNet: {best[1]} ({best[0]:.2f}x).")
+    thread_vars = {v: os.environ[v] for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+                   if v in os.environ}
+    print(f"numpy {np.__version__}, python {platform.python_version()}, {os.cpu_count()} cores; {blas_description()}"
+          + (f"; set in the environment: {thread_vars}" if thread_vars else ""))
+    table = chunkwise_table(T, d, repeats=args.repeats, rounds=args.rounds)
+    rates = table["rates"]
+    print("GEMM rate, one BLAS thread, (1024 x 1024) @ (1024 x 1024): "
+          + ", ".join(f"{name} {rate / 1e9:.1f} GFLOP/s" for name, rate in rates.items()))
+    flops = {r["layer"]: r["flops"] for r in table["rows"]}
+    print(f"T = {T}, d_k = d_v = {d}, one head, chunk {table['chunk_size']}; each time is the median of "
+          f"{args.rounds} rounds of the fastest of {args.repeats} runs")
+    print("FLOPs of the chunkwise forms' matrix products (fixedstate.costs.delta_rule_chunkwise_flops): "
+          + ", ".join(f"{layer} {f / 1e9:.3f} G" for layer, f in flops.items()))
+    print("GEMM limit = those FLOPs at the one-thread GEMM rate\n")
+    print(format_chunkwise_table(table))
+
+    print(f"\nTargets (issue #17): chunkwise at least {TARGETS['gated']:g}x faster than the recurrence for "
+          f"Gated DeltaNet and {TARGETS['kda']:g}x for KDA; Gated DeltaNet's chunkwise at most "
+          f"{LIMIT_TARGET:g}x its GEMM limit.")
+    for r in table["rows"]:
+        if r["layer"] not in TARGETS:
+            continue
+        threads = "default threads" if r["threads"] is None else f"{r['threads']} thread"
+        checks = [f"{r['speedup']:.2f}x the recurrence "
+                  f"({'meets' if r['speedup'] >= TARGETS[r['layer']] else 'misses'} {TARGETS[r['layer']]:g}x)"]
+        if r["layer"] == "gated":
+            checks.append(f"{r['chunkwise_vs_limit']:.2f}x the GEMM limit "
+                          f"({'meets' if r['chunkwise_vs_limit'] <= LIMIT_TARGET else 'misses'} {LIMIT_TARGET:g}x)")
+        print(f"  {r['layer']:<6}{r['dtype']:<9}{threads:<16}" + "; ".join(checks))
+
+    print("\nReference: transformers' pure-torch forms, float32, the same inputs:")
+    if Path(args.reference).exists():
+        reference_comparison(args.reference, T, d, args.repeats, args.rounds)
+    else:
+        print(f"  no reference environment ({args.reference} is missing; make reference-env creates it)")
 
     T_long = 2048 if args.quick else 16384
     rep = strong_decay_run(T_long, d)
@@ -112,7 +195,7 @@ def main(argv=None):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         Ts = [256, 512, 1024, 2048, 4096]
-        rows = [time_forms(t, d, d, repeats=max(3, args.repeats // 2)) for t in Ts]
+        rows = [time_forms(t, d, d, repeats=args.repeats) for t in Ts]
         fig, ax = plt.subplots(figsize=(5, 3.2))
         ax.loglog(Ts, [1e3 * r["recurrent"] for r in rows], "o-", label="recurrent (token by token)")
         ax.loglog(Ts, [1e3 * r["chunkwise"] for r in rows], "s-", label="chunkwise (chunk 64)")
@@ -121,7 +204,8 @@ def main(argv=None):
         ax.legend()
         fig.savefig(args.save_figure, dpi=100)
         print(f"\nfigure saved to {args.save_figure}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -150,3 +150,42 @@ def test_bytes_per_element_scales_and_accepts_fractions():
 def test_bad_input_names_the_argument(call, name):
     with pytest.raises(ValueError, match="^" + name):
         call()
+
+
+# --------------------------------------------------------------------------- the chunkwise delta rule
+
+@pytest.mark.parametrize("layer", ["delta", "gated", "kda"])
+@pytest.mark.parametrize("T,d_k,d_v,chunk,lead", [(4096, 128, 128, 64, ()), (300, 8, 5, 64, ()), (130, 6, 7, 48, ()),
+                                                  (50, 4, 3, 1, ()), (37, 5, 4, 8, (3,)), (0, 3, 2, 16, ())])
+def test_chunkwise_flops_count_the_products_the_forms_call(monkeypatch, layer, T, d_k, d_v, chunk, lead):
+    # every matrix product of the chunkwise forms goes through delta_rule._matmul: count them
+    from fixedstate import delta_rule as dr
+    counted = []
+
+    def counting_matmul(a, b, out=None):
+        batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])))
+        counted.append(2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1])
+        return np.matmul(a, b, out=out)
+
+    monkeypatch.setattr(dr, "_matmul", counting_matmul)
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2,) + lead + (T, d_k))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal(lead + (T, d_v))
+    beta = rng.uniform(0, 1, lead + (T,))
+    fn = {"delta": dr.delta_rule_chunkwise, "gated": dr.gated_delta_rule_chunkwise, "kda": dr.kda_chunkwise}[layer]
+    gate = {} if layer == "delta" else {"log_gate": -rng.uniform(0, 1, lead + ((T, d_k) if layer == "kda" else (T,)))}
+    fn(q, k, v, beta=beta, **gate, chunk_size=chunk)
+    batch = int(np.prod(lead))
+    assert sum(counted) == costs.delta_rule_chunkwise_flops(T, d_k, d_v, chunk_size=chunk, layer=layer, batch=batch)
+
+
+def test_chunkwise_flops_of_the_benchmark_case():
+    # T = 4096, d_k = d_v = 128, chunk 64: about 0.75 GFLOP for Gated DeltaNet (11.7 million per chunk)
+    flops = costs.delta_rule_chunkwise_flops(4096, 128, 128)
+    assert flops == 64 * 11_708_928 and 0.74e9 < flops < 0.76e9
+    assert costs.delta_rule_chunkwise_flops(4096, 128, 128, layer="kda") < flops
+    with pytest.raises(ValueError, match="layer"):
+        costs.delta_rule_chunkwise_flops(10, 2, 2, layer="mamba")
+    with pytest.raises(ValueError, match="chunk_size"):
+        costs.delta_rule_chunkwise_flops(10, 2, 2, chunk_size=0)

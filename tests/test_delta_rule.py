@@ -161,8 +161,10 @@ def test_forms_agree_hypothesis(layer, T, d_k, d_v, chunk, seed, with_state):
 
 
 @pytest.mark.parametrize("layer", LAYERS)
-def test_forms_agree_over_many_chunk_groups(layer):
-    # long enough that the chunkwise form processes several groups of chunks
+def test_forms_agree_over_many_chunk_groups(layer, monkeypatch):
+    # groups of 128 tokens of d = 4, ranges of 3 chunks of 128 (chunk_size 100): several of each
+    monkeypatch.setattr(dr, "_GROUP_BYTES", 128 * 4 * 8)
+    monkeypatch.setattr(dr, "_RANGE_BYTES", 3 * 128 * 128 * 8)
     rng = np.random.default_rng(12)
     T, d_k, d_v = 1300, 4, 3
     q, k, v, beta, lg = make_inputs(rng, T, d_k, d_v, layer, gate_low=0.9)
@@ -239,7 +241,10 @@ def test_batched_step_equals_loop_over_items(layer):
 
 
 @pytest.mark.parametrize("layer", LAYERS)
-def test_long_batch_over_several_chunk_groups(layer):
+def test_long_batch_over_several_chunk_groups(layer, monkeypatch):
+    # 3 sequences in groups of 32 tokens of d = 4 (two sequences side by side, then one), ranges of 3 chunks
+    monkeypatch.setattr(dr, "_GROUP_BYTES", 32 * 4 * 8)
+    monkeypatch.setattr(dr, "_RANGE_BYTES", 3 * 2 * 16 * 16 * 8)
     rng = np.random.default_rng(41)
     lead, T, d_k, d_v = (3,), 300, 4, 3
     q, k, v, beta, lg = make_inputs(rng, T, d_k, d_v, layer, lead=lead, gate_low=0.8)

@@ -39,3 +39,42 @@ def test_measure_decode_seconds_shape_and_sign():
     t = timing.measure_decode_seconds(params, [0, 64], n_steps=2)
     assert t.shape == (2,) and np.all(t > 0) and np.all(np.isfinite(t))
     assert timing.measure_decode_seconds(params, 16, n_steps=1).shape == ()
+
+
+def test_best_time_runs_with_one_blas_thread_unless_told_otherwise():
+    from threadpoolctl import ThreadpoolController, threadpool_limits
+    blas = ThreadpoolController().select(user_api="blas")
+    if not blas.lib_controllers:
+        pytest.skip("no BLAS that threadpoolctl can control")
+    seen = []
+
+    def record():
+        seen.append(max(lib.num_threads for lib in ThreadpoolController().select(user_api="blas").lib_controllers))
+
+    with threadpool_limits(2, user_api="blas"):
+        timing.best_time(record, repeats=2)
+        timing.best_time(record, repeats=1, blas_threads=None)
+        assert max(lib.num_threads for lib in blas.lib_controllers) == 2     # restored
+    assert seen == [1, 1, 2]
+    with pytest.raises(ValueError, match="blas_threads"):
+        timing.best_time(record, blas_threads=0)
+
+
+def test_time_forms_rounds_and_flops():
+    res = timing.time_forms(40, 4, 3, chunk_size=8, repeats=1, rounds=3, layer="gated")
+    assert res["flops"] == timing.delta_rule_chunkwise_flops(40, 4, 3, chunk_size=8)
+    assert res["ratio"] == pytest.approx(res["recurrent"] / res["chunkwise"])
+
+
+def test_gemm_rate_and_chunkwise_table():
+    assert timing.gemm_rate(np.float32, n=64, repeats=2) > 0
+    table = timing.chunkwise_table(64, 8, layers=("gated", "kda"), dtypes=(np.float64,), chunk_size=16, repeats=1,
+                                   rounds=1, rates={"float64": 1e9})
+    assert [(r["layer"], r["threads"]) for r in table["rows"]] == [("gated", None), ("gated", 1), ("kda", None),
+                                                                     ("kda", 1)]
+    for r in table["rows"]:
+        assert r["limit"] == pytest.approx(r["flops"] / 1e9)
+        assert r["chunkwise_vs_limit"] == pytest.approx(r["chunkwise"] / r["limit"])
+        assert r["max_rel_diff"] < 1e-10
+    text = timing.format_chunkwise_table(table)
+    assert len(text.splitlines()) == 5 and "GEMM limit ms" in text and "default" in text

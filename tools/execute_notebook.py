@@ -6,8 +6,10 @@ The kernel runs in the notebook's own folder. Re-executing an unchanged
 notebook leaves the file unchanged outside the cells tagged
 ``nbval-ignore-output`` (timings): cell timing metadata is not recorded, and
 the widget model ids, which ipywidgets draws at random, are renamed to ids
-derived from the notebook's name and each widget's order of appearance. A
-one-sentence prose change then shows in ``git diff`` as that sentence alone.
+derived from the notebook's name and each widget's order of appearance, and
+consecutive pieces of one output stream are merged (how printed lines are split
+depends on the machine's load). A one-sentence prose change then shows in
+``git diff`` as that sentence alone.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def main() -> int:
     client.execute()
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        if cell.cell_type == "code":
+            cell.outputs = coalesce_streams(cell.outputs)
     nb.metadata.pop("widgets", None) if not _has_widgets(nb) else None
     nb = deterministic_widget_ids(nb, args.notebook.stem)
     nbformat.write(nb, args.notebook)
@@ -42,6 +46,23 @@ def main() -> int:
 
 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def coalesce_streams(outputs):
+    """Merge consecutive outputs of one stream (stdout, stderr) into one.
+
+    How a cell's printed lines are split into stream outputs depends on when the
+    kernel flushed them, which on a busy machine varies from run to run; merged,
+    an unchanged cell stores the same output every time.
+    """
+    merged = []
+    for out in outputs:
+        if (out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream"
+                and merged[-1].get("name") == out.get("name")):
+            merged[-1]["text"] = merged[-1]["text"] + out["text"]
+        else:
+            merged.append(out)
+    return merged
 
 
 def deterministic_widget_ids(nb, name: str):

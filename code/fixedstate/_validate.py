@@ -126,13 +126,15 @@ def as_token_sequences(queries, keys, values, *, min_length: int = 1):
     return q, k, v
 
 
-def as_float_batch(x, name: str, core: tuple, core_names: tuple | None = None) -> np.ndarray:
+def as_float_batch(x, name: str, core: tuple, core_names: tuple | None = None, *,
+                   allow_nonfinite: bool = False) -> np.ndarray:
     """``x`` as a float array of shape ``(..., *core)``: any leading axes, then the core axes.
 
     ``core`` holds the required sizes of the last axes (an int, or ``None`` for any
     size); ``core_names`` names them in the error message, e.g. ``("T", "d")``.
+    ``allow_nonfinite`` as in :func:`as_float_array`.
     """
-    arr = as_float_array(x, name)
+    arr = as_float_array(x, name, allow_nonfinite=allow_nonfinite)
     names = core_names or tuple("any" if s is None else str(s) for s in core)
     if arr.ndim < len(core) or any(s is not None and s != a for s, a in
                                    zip(core, arr.shape[arr.ndim - len(core):])):
@@ -183,11 +185,16 @@ def float_dtype(*values) -> np.dtype:
 
 def check_log_gate(x, name: str = "log_gate") -> np.ndarray:
     """Check log-decays: finite and ``<= 0`` (the decay ``exp(log_gate)`` lies in [0, 1]); return them."""
-    arr = as_float_array(x, name)
-    if arr.size and not np.all(arr <= 0):
-        raise ValueError(f"{name}: expected log-decays <= 0 (the decay is exp({name}), at most 1), "
-                         f"got {float(arr[arr > 0].ravel()[0])!r}")
-    return arr
+    if not (isinstance(x, np.ndarray) and x.dtype in (np.float32, np.float64)):
+        x = as_float_array(x, name, allow_nonfinite=True)
+    if x.size:
+        low, high = x.min(), x.max()                      # two passes instead of three (NaN propagates)
+        if not (np.isfinite(low) and np.isfinite(high)):
+            raise ValueError(f"{name}: expected finite values, got an array containing NaN or infinity")
+        if high > 0:
+            raise ValueError(f"{name}: expected log-decays <= 0 (the decay is exp({name}), at most 1), "
+                             f"got {float(x[x > 0].ravel()[0])!r}")
+    return x
 
 
 def check_real_number(value, name: str) -> float:

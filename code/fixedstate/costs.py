@@ -1,4 +1,4 @@
-"""FLOP and memory accounting (chapters "The cost of softmax attention" and "Linear attention").
+"""FLOP and memory accounting (chapters "The cost of softmax attention", "Linear attention", "The delta rule").
 
 Counting convention for every FLOP counter here:
 
@@ -41,6 +41,7 @@ __all__ = [
     "linear_decode_flops",
     "crossover_length",
     "decode_crossover_length",
+    "delta_rule_chunkwise_flops",
 ]
 
 
@@ -260,3 +261,44 @@ def decode_crossover_length(r, d_k, d_v, *, normalize=False) -> int:
         return linear_decode_flops(r, d_v, normalize=normalize) < softmax_decode_flops(n, d_k, d_v)
 
     return _first_true(cheaper, "decode_crossover_length")
+
+
+def delta_rule_chunkwise_flops(seq_len, d_k, d_v, *, chunk_size=64, layer="gated", batch=1) -> int:
+    """FLOPs of the matrix products of the package's chunkwise delta-rule forms (``eq-dr-ut``,
+    ``eq-dr-chunk-out``, ``eq-dr-chunk-state``), product by product as
+    :func:`fixedstate.delta_rule.gated_delta_rule_chunkwise` (``layer="gated"`` or
+    ``"delta"``) and :func:`fixedstate.delta_rule.kda_chunkwise` (``layer="kda"``) do them.
+
+    Per chunk of ``C`` tokens (``chunk_size`` rounded up to a power of two, as the
+    forms pad it), with ``n = ceil(T / chunk_size)`` chunks per sequence:
+
+    - pair products: ``Q K^T`` and ``K K^T``, ``4 C^2 d_k`` (Gated DeltaNet, full
+      squares, then masked); KDA's level-by-level products of the pairs below
+      the diagonal, ``2 C (C - 1) d_k``;
+    - the UT transform ``(I + A)^{-1}`` by doubling blocks, ``sum over h = 2, 4, ..., C/2 of 2 C h^2``;
+    - ``U~ = T diag(beta) V`` and ``W = T diag(beta Gamma) K``: ``2 C^2 (d_k + d_v)``;
+    - reading the state, ``[W; Gamma Q] S``: ``4 C d_k d_v``; writing it, ``K_out^T U``: ``2 C d_k d_v``;
+    - the outputs inside the chunk, ``(Q K^T) U``: ``2 C^2 d_v``.
+
+    With ``C = 64`` and ``d_k = d_v = 128`` that is about 11.7 million FLOPs per chunk,
+    0.75 GFLOP at ``T = 4096``. Only the matrix products are counted (a test counts
+    the products the forms actually call); the elementwise work (decays, masks) is not.
+    ``batch`` multiplies the count (sequences or heads). Scalars only.
+    """
+    t = _count(seq_len, "seq_len")
+    d_k = _count(d_k, "d_k", minimum=1)
+    d_v = _count(d_v, "d_v", minimum=1)
+    chunk = _count(chunk_size, "chunk_size", minimum=1)
+    batch = _count(batch, "batch", minimum=1)
+    for name, x in (("seq_len", t), ("d_k", d_k), ("d_v", d_v), ("chunk_size", chunk), ("batch", batch)):
+        if not isinstance(x, int):
+            raise ValueError(f"{name}: expected a single integer, got an array")
+    if layer not in ("delta", "gated", "kda"):
+        raise ValueError(f"layer: expected 'delta', 'gated' or 'kda', got {layer!r}")
+    c = 1 << (chunk - 1).bit_length()
+    n_chunks = max(1, -(-t // chunk))
+    pairs = 2 * c * (c - 1) * d_k if layer == "kda" else 4 * c * c * d_k
+    inverse = sum(2 * c * h * h for h in (1 << j for j in range(1, c.bit_length() - 1)))
+    per_chunk = (pairs + inverse + 2 * c * c * (d_k + d_v)
+                 + 4 * c * d_k * d_v + 2 * c * d_k * d_v + 2 * c * c * d_v)
+    return batch * n_chunks * per_chunk

@@ -39,8 +39,11 @@ equations:
   ``eq-dr-chunk-out``, ``eq-dr-chunk-state``). Inside a chunk the product of
   the erase factors is represented in WY/UT form by one unit-lower-triangular
   solve; the state is carried from chunk to chunk; decay inside a chunk is
-  handled with cumulative log-decays measured from the chunk start, so every
-  exponent that is formed is <= 0 (no ``1/Gamma`` is ever formed);
+  built from products of the per-token decays ``exp(log_gate) <= 1``, level by
+  level over halves of the chunk, so no exponent is ever positive (no
+  ``1/Gamma`` is ever formed). These forms run their matrix products with one
+  BLAS thread whatever the caller's setting, restored on return (see
+  ``fixedstate._threads``);
 - :func:`gated_delta_rule_loop`, :func:`kda_loop`: the token loop for one
   sequence, line by line the equations (DeltaNet is ``log_gate = 0``);
 - :func:`gated_delta_rule_chunk`: one chunk of the chunkwise form, line by line
@@ -64,6 +67,7 @@ import numpy as np
 from scipy.linalg import solve_triangular
 from scipy.special import expit
 
+from ._threads import one_blas_thread
 from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_interval, check_log_gate,
                         check_positive_int, check_real_number, float_dtype)
 
@@ -104,7 +108,7 @@ def _prepare(q, k, v, beta, log_gate, scale, initial_state, *, gate, tokens=True
     if gate is not None:
         core = tsize + ((d_k,) if gate == "channel" else ())
         names = tok + (("d_k",) if gate == "channel" else ())
-        log_gate = check_log_gate(as_float_batch(log_gate, "log_gate", core, names))
+        log_gate = check_log_gate(as_float_batch(log_gate, "log_gate", core, names, allow_nonfinite=True))
         items.append(("log_gate", log_gate, len(core)))
     if initial_state is not None:
         initial_state = as_float_batch(initial_state, "initial_state", (d_k, d_v), ("d_k", "d_v"))
@@ -266,6 +270,7 @@ def kda_log_gate(z, g_min=-5.0):
 
 # --------------------------------------------------------------------------- recurrent scans
 
+@one_blas_thread
 def _recurrent(q, k, v, beta, log_gate, S, scale, channelwise):
     """The scan over tokens; q, k, v: (B, T, d), beta: (B, T), log_gate: (B, T[, d_k]), S: (B, d_k, d_v)."""
     B, T, d_k = k.shape
@@ -427,176 +432,268 @@ def gated_delta_rule_chunk(q, k, v, *, beta, log_gate, scale=1.0, initial_state=
 
 
 # --------------------------------------------------------------------------- chunkwise form
+#
+# How the fast form computes the decays inside a chunk. The decay between tokens i <= r
+# of one chunk is e^{b_r - b_i} = alpha_{i+1} ... alpha_r, a product of per-token decays
+# alpha_t = e^{log_gate_t} <= 1 (one per key channel for KDA). The products are built
+# level by level. At level h the chunk is cut into aligned blocks of 2h tokens, each a
+# first half F and a second half G of h tokens, and two running products are kept:
+#
+#   fwd[r]  = alpha_s ... alpha_r         (s the first token of r's block of h)
+#   bwd[i]  = alpha_{i+1} ... alpha_e     (e the last token of i's block of h)
+#
+# For r in G and i in F the decay factors through the boundary between the halves:
+# e^{b_r - b_i} = bwd[i] * fwd[r], two factors <= 1. Then the halves merge (fwd on G is
+# multiplied by F's product, bwd on F by G's product) and h doubles. Every pair i < r
+# meets at exactly one level. For Gated DeltaNet the factors are numbers: they fill the
+# C x C decay matrix, which scales the products q_r^T k_i. For KDA they are vectors over
+# the key channels and scale the rows of Q, K before the products, so each level's
+# pairs are one batched matrix product (secondary chunking, down to single tokens).
+# The only exponentials are alpha_t = e^{log_gate_t}: no exponent is ever positive, and
+# no 1/Gamma is formed. At the top level fwd is Gamma_r = e^{b_r} and bwd is
+# e^{b_C - b_i}, the two decays of eq-dr-chunk-out and eq-dr-chunk-state.
+#
+# The same levels invert the unit lower-triangular I + A of the UT transform: the inverse
+# of a block of 2h tokens is [[T_F, 0], [-T_G A_GF T_F, T_G]] with T_F, T_G the inverses
+# of its halves. Chunks that are not a power of two long get padding tokens (key 0,
+# beta 0, log-decay 0) at their end, which change nothing.
 
-def _sub_block(chunk_size: int, limit: int = 16) -> int:
-    """The largest divisor of chunk_size that is at most ``limit``."""
-    return max(d for d in range(1, min(chunk_size, limit) + 1) if chunk_size % d == 0)
+_matmul = np.matmul   # every matrix product of the chunkwise form goes through this name (a test counts them)
 
 
-def _kda_pair_products(q, k, b, sub):
-    """Intra-chunk products with per-channel decay, all exponents <= 0.
+def _levels(C):
+    """The half-block sizes h = 1, 2, 4, ..., C/2 of a chunk of C (a power of two) tokens."""
+    h = 1
+    while h < C:
+        yield h
+        h *= 2
 
-    Returns ``QK[n, r, i] = sum_c q_rc k_ic exp(b_rc - b_ic)`` and the same with
-    ``k_r`` in place of ``q_r`` (``KK``), for i <= r, zero above the diagonal.
-    ``q``, ``k`` and ``b`` are (n, C, d_k); ``b`` is the cumulative log-decay
-    from the chunk start.
 
-    Pairs in different sub-blocks factor through a reference point, the last
-    position of the block before the row's block: exp(b_r - b_ref) and
-    exp(b_ref - b_i) both have exponents <= 0, and the pair products become
-    matrix products. Pairs inside one sub-block use the differences b_r - b_i
-    directly, a (sub, sub, d_k) tensor per block.
+def _blocks(x, h, row0, col0):
+    """A writable view (N, C/(2h), h, h) of blocks of x (N, R, C), a C-contiguous array.
+
+    Block j is x[:, row0 + 2hj : row0 + 2hj + h, col0 + 2hj : col0 + 2hj + h]: with
+    (row0, col0) = (h, 0) the lower-left quarters of the diagonal blocks of 2h, with
+    (0, 0) and (h, h) their two diagonal halves.
     """
-    n, C, d_k = b.shape
-    P = C // sub
-    dtype = b.dtype
-    out = np.zeros((2, n, C, C), dtype=dtype)                               # [QK, KK]
-    qb = q.reshape(n, P, sub, d_k)
-    kb = k.reshape(n, P, sub, d_k)
-    bb = b.reshape(n, P, sub, d_k)
-    if P > 1:
-        # reference log-decay for row block p: b at position p*sub - 1 (0 for p = 0)
-        ref = np.concatenate([np.zeros((n, 1, d_k), dtype=dtype), b[:, sub - 1:C - 1:sub, :]], axis=1)
-        row_scale = np.exp(bb - ref[:, :, None, :])                         # (n, P, sub, d_k), <= 1
-        right = ref[:, :, None, :] - b[:, None, :, :]                       # (n, P, C, d_k)
-        np.minimum(right, 0.0, out=right)                                   # only masked entries change
-        np.exp(right, out=right)
-        right *= k[:, None, :, :]
-        earlier = np.arange(C)[None, :] < (np.arange(P) * sub)[:, None]    # (P, C): column i before block p
-        right *= earlier[None, :, :, None]
-        right_t = right.transpose(0, 1, 3, 2)
-        out[0] += np.matmul(qb * row_scale, right_t).reshape(n, C, C)
-        out[1] += np.matmul(kb * row_scale, right_t).reshape(n, C, C)
-    # diagonal blocks: exact differences; entries above the diagonal are clipped, then masked
-    diff = bb[:, :, :, None, :] - bb[:, :, None, :, :]                      # (n, P, sub, sub, d_k)
-    np.minimum(diff, 0.0, out=diff)
-    np.exp(diff, out=diff)
-    diff *= kb[:, :, None, :, :]
-    both = np.stack([qb, kb], axis=-1)                                      # (n, P, sub, d_k, 2)
-    diag = np.matmul(diff, both)                                            # (n, P, sub, sub, 2)
-    diag *= np.tril(np.ones((sub, sub), dtype=dtype))[None, None, :, :, None]
-    view = out.reshape(2, n, P, sub, P, sub)
-    idx = np.arange(P)
-    view[:, :, idx, :, idx, :] += diag.transpose(1, 4, 0, 2, 3)
-    return out[0], out[1]
+    N, R, C = x.shape
+    item = x.itemsize
+    return np.ndarray((N, C // (2 * h), h, h), x.dtype, x, offset=(row0 * C + col0) * item,
+                      strides=(R * C * item, 2 * h * (C + 1) * item, C * item, item))
 
 
-_GROUP_TOKENS = 256
+def _chunk_decays(alpha, decay=None, q=None, k=None, qk=None, kk=None):
+    """Decays inside each chunk, level by level; for KDA also the decayed pair products.
+
+    ``alpha``: (N, C) per-token decays (Gated DeltaNet) or (N, C, d_k) (KDA), C a
+    power of two. Returns ``gamma`` (e^{b_r}, shaped like alpha) and ``to_end``
+    (e^{b_C - b_i}). Scalar gates: writes e^{b_r - b_i} (i < r) into ``decay``
+    (N, C, C). Per-channel gates: writes the decayed products sum_c q_rc k_ic
+    e^{b_rc - b_ic} (i < r) into ``qk`` and the same with k_r into ``kk``.
+    """
+    N, C = alpha.shape[:2]
+    channels = alpha.shape[2:]
+    fwd = alpha.copy()
+    bwd = np.ones_like(alpha)
+    for h in _levels(C):
+        shape = (N, C // (2 * h), 2, h) + channels
+        f, b = fwd.reshape(shape), bwd.reshape(shape)
+        if not channels:
+            np.multiply(f[:, :, 1, :, None], b[:, :, 0, None, :], out=_blocks(decay, h, h, 0))
+        else:
+            qb, kb = q.reshape(shape), k.reshape(shape)
+            left = np.empty((N, C // (2 * h), 2 * h) + channels, dtype=alpha.dtype)
+            np.multiply(qb[:, :, 1], f[:, :, 1], out=left[:, :, :h])       # q_r fwd[r], r in G
+            np.multiply(kb[:, :, 1], f[:, :, 1], out=left[:, :, h:])       # k_r fwd[r]
+            right = kb[:, :, 0] * b[:, :, 0]                                 # k_i bwd[i], i in F
+            both = _matmul(left, right.swapaxes(-1, -2))                     # (N, C/2h, 2h, h)
+            _blocks(qk, h, h, 0)[...] = both[:, :, :h]
+            _blocks(kk, h, h, 0)[...] = both[:, :, h:]
+        b[:, :, 0] *= f[:, :, 1, -1:]                                        # bwd over F: times G's product
+        f[:, :, 1] *= f[:, :, 0, -1:]                                        # fwd over G: times F's product
+    return fwd, bwd
 
 
-def _chunk_group(q, k, v, beta, b, S, channelwise):
-    """Chunkwise form for a group of consecutive chunks of B sequences.
+def _unit_lower_inverse(a):
+    """(I + A)^{-1} for A the strictly lower part of ``a`` (N, C, C), by doubling blocks."""
+    N, C, _ = a.shape
+    inv = np.zeros((N, C, C), dtype=a.dtype)
+    inv.reshape(N, C * C)[:, ::C + 1] = 1.0
+    for h in _levels(C):
+        a_gf = _blocks(a, h, h, 0)
+        t_gf = _blocks(inv, h, h, 0)
+        # (np.multiply by -1, not np.negative: numpy 2.4's negative misreads some strided views)
+        if h == 1:
+            np.multiply(a_gf, -1.0, out=t_gf)
+        else:
+            a_t = _matmul(a_gf, _blocks(inv, h, 0, 0))
+            a_t *= -1.0
+            _matmul(_blocks(inv, h, h, h), a_t, out=t_gf)
+    return inv
 
-    ``q, k, v``: (B, g, C, d); ``beta``: (B, g, C, 1); ``b``: the cumulative
-    log-decays from each chunk's start, (B, g, C[, d_k]); ``S``: the (B, d_k, d_v)
-    states entering the group. Returns the (B, g, C, d_v) outputs (unscaled) and
-    the states after the group's last chunk. Every product that does not involve
-    the carried state is done for all B * g chunks at once.
+
+def _scalar_prep(k, beta, alpha):
+    """Gated DeltaNet (and DeltaNet): the chunkwise form's C x C work that does not involve Q.
+
+    ``k``: (n, C, d_k) with C a power of two; ``beta``: (n, C, 1); ``alpha``: the
+    per-token decays e^{log_gate}, (n, C). Returns the decay matrices
+    e^{b_r - b_i} (n, C, C; one on the diagonal, zero above it); the UT transform
+    T = (I + A)^{-1} with A_ri = beta_r e^{b_r - b_i} k_r^T k_i for i < r (eq-dr-ut),
+    its columns scaled by beta and by beta Gamma (T diag(beta) V is U~, T diag(beta
+    Gamma) K is W); and ``gamma`` = e^{b_r}, ``to_end`` = e^{b_C - b_r}, (n, C, 1).
+    """
+    n, C = alpha.shape
+    decay = np.zeros((n, C, C), dtype=alpha.dtype)
+    decay.reshape(n, C * C)[:, ::C + 1] = 1.0
+    gamma, to_end = _chunk_decays(alpha, decay=decay)
+    a = _matmul(k, k.swapaxes(-1, -2))
+    a *= decay
+    a *= beta
+    ut_beta = _unit_lower_inverse(a)
+    ut_beta *= beta.swapaxes(-1, -2)
+    ut_beta_gamma = ut_beta * gamma[:, None, :]
+    return decay, (ut_beta, ut_beta_gamma), gamma[..., None], to_end[..., None]
+
+
+def _kda_prep(q, k, beta, alpha):
+    """KDA: the chunkwise form's C x C work, the pair products with per-channel decays.
+
+    ``q, k``: (n, C, d_k) with C a power of two; ``beta``: (n, C, 1); ``alpha``:
+    (n, C, d_k). Returns ``qk`` (the decayed q_r^T k_i for i <= r, zero above the
+    diagonal), the UT transform (eq-dr-ut), and ``gamma``, ``to_end`` (n, C, d_k).
+    """
+    n, C, d_k = k.shape
+    qk = np.zeros((n, C, C), dtype=k.dtype)
+    a = np.zeros((n, C, C), dtype=k.dtype)
+    gamma, to_end = _chunk_decays(alpha, q=q, k=k, qk=qk, kk=a)
+    qk.reshape(n, C * C)[:, ::C + 1] = np.einsum("nrc,nrc->nr", q, k)
+    a *= beta
+    return qk, _unit_lower_inverse(a), gamma, to_end
+
+
+def _state_pass(q, k, v, beta, qk, ut, gamma, to_end, S, channelwise):
+    """The rest of the chunkwise form for a group of consecutive chunks of B sequences.
+
+    ``q, k, v``: (B, g, C, d); ``beta``: (B, g, C, 1); ``qk``, ``ut``, ``gamma``,
+    ``to_end``: as :func:`_kda_prep` returns them, for the B * g chunks (for
+    scalar gates ``ut`` is the pair T diag(beta), T diag(beta Gamma) of
+    :func:`_scalar_prep`); ``S``: the
+    (B, d_k, d_v) states entering the group, updated in place. Returns the
+    (B, g, C, d_v) outputs (unscaled). Every product that does not involve the
+    carried state is done for all B * g chunks at once.
     """
     B, g, C, d_k = k.shape
     d_v = v.shape[-1]
     dtype = k.dtype
     n = B * g
-    q, k, v, beta, b = (x.reshape((n,) + x.shape[2:]) for x in (q, k, v, beta, b))
-    if not channelwise:
-        strictly_upper = ~np.tril(np.ones((C, C), dtype=bool))
-        diff = b[:, :, None] - b[:, None, :]                                       # b_r - b_i
-        diff[:, strictly_upper] = -np.inf                                          # i > r: no pair
-        decay = np.exp(diff)                                                       # exponents <= 0
-        qk = np.matmul(q, k.transpose(0, 2, 1))
-        qk *= decay                                                                # (n, C, C)
-        kk = np.matmul(k, k.transpose(0, 2, 1))
-        kk *= decay
-        gamma = np.exp(b)[:, :, None]                                              # (n, C, 1), <= 1
-        k_out = k * np.exp(b[:, -1:] - b)[:, :, None]                              # exponent <= 0
-        gamma_last = np.exp(b[:, -1])[:, None, None]                               # (n, 1, 1)
-    else:
-        qk, kk = _kda_pair_products(q, k, b, _sub_block(C))
-        gamma = np.exp(b)                                                          # (n, C, d_k), <= 1
-        k_out = k * np.exp(b[:, -1:, :] - b)
-        gamma_last = np.exp(b[:, -1, :])[:, :, None]                               # (n, d_k, 1)
-
-    # I + A with A strictly lower triangular, A[r, i] = beta_r k_r^T Gamma_{r/i} k_i (i < r).
-    # Its inverse, one unit-lower-triangular solve per chunk, is the UT transform (eq-dr-ut).
-    kk *= beta
-    kk[:, np.arange(C), np.arange(C)] = 1.0
-    ut = solve_triangular(kk, np.broadcast_to(np.eye(C, dtype=dtype), (n, C, C)), lower=True,
-                          unit_diagonal=True, check_finite=False).astype(dtype, copy=False)
-    rhs = np.empty((n, C, d_v + d_k), dtype=dtype)
-    np.multiply(beta, v, out=rhs[..., :d_v])
-    np.multiply(beta * gamma, k, out=rhs[..., d_v:])
-    uw = np.matmul(ut, rhs)
-    u_free = uw[..., :d_v].reshape(B, g, C, d_v)                                   # T (beta V)
-    reads = np.empty((n, 2 * C, d_k), dtype=dtype)                                 # [W; Gamma Q]
-    reads[:, :C] = uw[..., d_v:]                                                   # W = T (beta Gamma K)
+    q, k, v, beta = (x.reshape((n,) + x.shape[2:]) for x in (q, k, v, beta))
+    # eq-dr-ut: U~ = T diag(beta) V and W = T diag(beta Gamma) K; W and Gamma Q both read the state
+    reads = np.empty((n, 2 * C, d_k), dtype=dtype)                                # [W; Gamma Q]
     np.multiply(q, gamma, out=reads[:, C:])
-    reads = reads.reshape(B, g, 2 * C, d_k)
-    k_out_t = k_out.reshape(B, g, C, d_k).transpose(0, 1, 3, 2)
-    gamma_last = gamma_last.reshape((B, g) + gamma_last.shape[1:])
+    if not channelwise:                                                           # T's columns scaled, not V and K
+        u_free = _matmul(ut[0], v)
+        _matmul(ut[1], k, out=reads[:, :C])
+    else:
+        u_free = _matmul(ut, v * beta)
+        _matmul(ut, k * (gamma * beta), out=reads[:, :C])
+    k_out_t = (k * to_end).swapaxes(-1, -2)                                      # (e^{b_C - b_i} k_i)^T
+    decay_last = gamma[:, -1, :, None]                                            # (n, 1 or d_k, 1)
 
     # The only sequential part: carry the state from chunk to chunk.
-    S = S.copy()
+    reads, u_free, k_out_t, decay_last = (x.reshape((B, g) + x.shape[1:])
+                                          for x in (reads, u_free, k_out_t, decay_last))
+    read = np.empty((B, g, 2 * C, d_v), dtype=dtype)                             # [W S; Gamma Q S]
     u = np.empty((B, g, C, d_v), dtype=dtype)
-    out = np.empty((B, g, C, d_v), dtype=dtype)
+    write = np.empty((B, d_k, d_v), dtype=dtype)
     if B == 1:  # one sequence: plain matrix products
-        S2 = S[0]
+        S2, write2 = S[0], write[0]
         for j in range(g):
-            read = reads[0, j] @ S2                                                # W S and Gamma Q S
-            np.subtract(u_free[0, j], read[:C], out=u[0, j])                       # eq-dr-ut
-            out[0, j] = read[C:]
-            S2 *= gamma_last[0, j]                                                 # eq-dr-chunk-state
-            S2 += k_out_t[0, j] @ u[0, j]
+            _matmul(reads[0, j], S2, out=read[0, j])
+            np.subtract(u_free[0, j], read[0, j, :C], out=u[0, j])               # U = U~ - W S
+            S2 *= decay_last[0, j]                                                # eq-dr-chunk-state
+            S2 += _matmul(k_out_t[0, j], u[0, j], out=write2)
     else:
         for j in range(g):
-            read = np.matmul(reads[:, j], S)
-            np.subtract(u_free[:, j], read[:, :C], out=u[:, j])                    # eq-dr-ut
-            out[:, j] = read[:, C:]
-            S *= gamma_last[:, j]                                                  # eq-dr-chunk-state
-            S += np.matmul(k_out_t[:, j], u[:, j])
-    out = out.reshape(n, C, d_v)
-    out += np.matmul(qk, u.reshape(n, C, d_v))                                     # eq-dr-chunk-out
-    return out.reshape(B, g, C, d_v), S
+            _matmul(reads[:, j], S, out=read[:, j])
+            np.subtract(u_free[:, j], read[:, j, :C], out=u[:, j])
+            S *= decay_last[:, j]
+            S += _matmul(k_out_t[:, j], u[:, j], out=write)
+    out = _matmul(qk, u.reshape(n, C, d_v))                                       # eq-dr-chunk-out
+    out += read.reshape(n, 2 * C, d_v)[:, C:]
+    return out.reshape(B, g, C, d_v)
 
 
+# The chunks of a call are processed in groups: a block of sequences times consecutive
+# chunks whose (tokens x d) arrays take about _GROUP_BYTES (256 tokens of d = 128 in
+# float64, 512 in float32), so that a group's intermediate arrays stay in the processor's
+# cache while numpy's per-call overhead is spread over several chunks. For Gated DeltaNet
+# the C x C work that does not involve the queries (decays, UT transform: many small
+# calls) is done for ranges of chunks whose C x C arrays take up to _RANGE_BYTES. The
+# result depends on neither size.
+_GROUP_BYTES = 256 * 1024
+_RANGE_BYTES = 8 * 1024 * 1024
+
+
+@one_blas_thread
 def _chunkwise(q, k, v, beta, log_gate, S, scale, chunk_size, channelwise):
     """q, k, v: (B, T, d); beta: (B, T); log_gate: (B, T[, d_k]) or None; S: (B, d_k, d_v) or None."""
     B, T, d_k = k.shape
     d_v = v.shape[-1]
     dtype = q.dtype
     C = chunk_size
+    C2 = 1 << (C - 1).bit_length()                  # C rounded up to a power of two
     n = max(1, -(-T // C))
-    pad = n * C - T
 
-    def chunks(x):
-        """(B, T, ...) -> (B, n, C, ...). Padding tokens are zeros."""
-        if pad:
-            x = np.concatenate([x, np.zeros((B, pad) + x.shape[2:], dtype=dtype)], axis=1)
-        return x.reshape((B, n, C) + x.shape[2:])
+    def chunks(x, fill=0.0):
+        """(B, T, ...) -> (B, n, C2, ...): n chunks of C tokens, each padded to C2 with ``fill``."""
+        if n * C == T and C2 == C:
+            return x.reshape((B, n, C) + x.shape[2:])
+        out = np.full((B, n, C2) + x.shape[2:], fill, dtype=dtype)
+        full = (T // C) * C
+        out[:, :T // C, :C] = x[:, :full].reshape((B, T // C, C) + x.shape[2:])
+        if full < T:
+            out[:, -1, :T - full] = x[:, full:]
+        return out
 
-    # Padding tokens have key 0, beta 0 and log-decay 0: they leave the state unchanged.
+    # Padding tokens have key 0, beta 0 and decay 1: they leave the state unchanged.
     qc, kc, vc = chunks(q), chunks(k), chunks(v)
     betac = chunks(beta)[..., None]
     if log_gate is None:
-        b = np.zeros((B, n, C) + ((d_k,) if channelwise else ()), dtype=dtype)
+        alpha = np.ones((B, n, C2) + ((d_k,) if channelwise else ()), dtype=dtype)
     else:
-        b = np.cumsum(chunks(log_gate), axis=2)        # cumulative log-decay from the chunk start, <= 0
+        alpha = chunks(np.exp(log_gate), fill=1.0)   # the per-token decays, exponents <= 0
 
-    # Chunks are processed in groups of about 256 tokens (a block of sequences times
-    # a few consecutive chunks) so that the intermediate arrays stay in the
-    # processor's cache; the result does not depend on the grouping.
     S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
-    out = np.empty((B, n, C, d_v), dtype=dtype)
-    per_block = max(1, _GROUP_TOKENS // C)
+    out = np.empty((B, n, C2, d_v), dtype=dtype)
+    group_tokens = max(C2, _GROUP_BYTES // (max(d_k, d_v) * dtype.itemsize))
+    per_block = max(1, group_tokens // C2)                          # sequences side by side
     for i0 in range(0, B, per_block):
         items = slice(i0, min(B, i0 + per_block))
-        group = max(1, _GROUP_TOKENS // (C * (items.stop - i0)))
+        m = items.stop - i0
+        group = max(1, group_tokens // (C2 * m))                    # consecutive chunks
+        span = group * max(1, _RANGE_BYTES // (group * m * C2 * C2 * dtype.itemsize))
         S_items = S[items]
-        for g0 in range(0, n, group):
-            sl = slice(g0, min(n, g0 + group))
-            out[items, sl], S_items = _chunk_group(qc[items, sl], kc[items, sl], vc[items, sl], betac[items, sl],
-                                                   b[items, sl], S_items, channelwise)
+        for r0 in range(0, n, span):
+            r = slice(r0, min(n, r0 + span))
+            flat = lambda x: x.reshape((-1,) + x.shape[2:])      # (m, chunks, ...) -> (m * chunks, ...)
+            if not channelwise:
+                decay, (ut_beta, ut_beta_gamma), gamma, to_end = _scalar_prep(
+                    flat(kc[items, r]), flat(betac[items, r]), flat(alpha[items, r]))
+                prep = [x.reshape((m, r.stop - r0) + x.shape[1:])
+                        for x in (decay, ut_beta, ut_beta_gamma, gamma, to_end)]
+            for g0 in range(r0, r.stop, group):
+                sl = slice(g0, min(r.stop, g0 + group))
+                q_g, k_g, v_g, beta_g = (x[items, sl] for x in (qc, kc, vc, betac))
+                if channelwise:
+                    qk, ut, gamma, to_end = _kda_prep(flat(q_g), flat(k_g), flat(beta_g), flat(alpha[items, sl]))
+                else:
+                    decay, ut_beta, ut_beta_gamma, gamma, to_end = (flat(x[:, g0 - r0:sl.stop - r0]) for x in prep)
+                    ut = (ut_beta, ut_beta_gamma)
+                    qk = _matmul(flat(q_g), flat(k_g).swapaxes(-1, -2))
+                    qk *= decay
+                out[items, sl] = _state_pass(q_g, k_g, v_g, beta_g, qk, ut, gamma, to_end, S_items, channelwise)
         S[items] = S_items
-    outputs = out.reshape(B, n * C, d_v)[:, :T]
+    outputs = out[:, :, :C].reshape(B, n * C, d_v)[:, :T]
     if scale != 1.0:
         outputs = outputs * dtype.type(scale)
     return outputs, S
@@ -607,8 +704,10 @@ def delta_rule_chunkwise(q, k, v, *, beta, scale=1.0, initial_state=None, chunk_
 
     Same arguments and results as :func:`delta_rule_recurrent` (shapes with
     leading axes ``...``), plus ``chunk_size`` (an integer >= 1; the length need
-    not be a multiple of it). The leading axes are processed inside the same
-    matrix products, not one item at a time.
+    not be a multiple of it; one that is not a power of two is padded up to
+    one inside each chunk). The leading axes are processed inside the same
+    matrix products, not one item at a time. The matrix products run with one
+    BLAS thread; :func:`fixedstate.costs.delta_rule_chunkwise_flops` counts them.
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     return _run(_chunkwise, q, k, v, beta, None, scale, initial_state, None, chunk_size)
@@ -618,8 +717,10 @@ def gated_delta_rule_chunkwise(q, k, v, *, beta, log_gate, scale=1.0, initial_st
     """Gated DeltaNet in chunkwise-parallel form (``eq-dr-ut``, ``eq-dr-chunk-out``, ``eq-dr-chunk-state``).
 
     Same arguments and results as :func:`gated_delta_rule_recurrent`, plus
-    ``chunk_size``. Decay inside a chunk uses ``exp(b_r - b_i)`` with ``b`` the
-    cumulative log-decay from the chunk start; all exponents are <= 0.
+    ``chunk_size``. The decay between tokens i <= r of a chunk,
+    ``exp(b_r - b_i)`` with ``b`` the cumulative log-decay from the chunk start,
+    is built as a product of the per-token decays ``exp(log_gate) <= 1`` (level by
+    level over halves of the chunk), so no exponent is ever positive.
     :func:`gated_delta_rule_chunk` is one chunk of it, written plainly.
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
@@ -631,10 +732,12 @@ def kda_chunkwise(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None, chu
 
     Same arguments and results as :func:`kda_recurrent`, plus ``chunk_size``.
     Per-channel decays between two positions of a chunk are ``exp(b_r - b_i)``
-    with ``b`` the (C, d_k) cumulative log-decays from the chunk start. Pairs in
-    different sub-blocks of 16 (or the largest divisor of ``chunk_size`` below
-    16) factor through a reference point between them, so both factors have
-    exponents <= 0; pairs inside one sub-block use the differences directly.
+    with ``b`` the (C, d_k) cumulative log-decays from the chunk start. Each chunk
+    is cut in halves, the halves in halves, down to single tokens; a pair i < r
+    in the two halves of a block factors through the boundary p between them,
+    ``exp(b_r - b_p) exp(b_p - b_i)``, both products of per-token decays <= 1, so
+    the pairs of one level are one batched matrix product and no exponent is
+    ever positive.
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     return _run(_chunkwise, q, k, v, beta, log_gate, scale, initial_state, "channel", chunk_size)

@@ -5,13 +5,18 @@
   slower runs measure the other programs, not the code);
 - :func:`time_forms`: the recurrent and chunkwise forms of a delta-rule layer
   (chapter {ref}`chap-delta-rule`, ``benchmarks/delta_rule_bench.py``);
+- :func:`gemm_rate` and :func:`chunkwise_table`: the rate of large matrix
+  products on this machine, and the forms of every delta-rule layer against the
+  time their matrix products would take at that rate (the GEMM limit);
 - :func:`time_lab_update`: what one move of a slider of the recall lab costs
   (chapter {ref}`chap-recall`);
 - :func:`measure_decode_seconds`: one decode step of the hybrid toy stack at a
   given context length (chapter {ref}`chap-hybrids`).
 
 Every number here depends on the machine: the book prints them from cells
-whose outputs are not compared.
+whose outputs are not compared. On a shared machine the fastest of a few runs
+measures the code; where a result is reported over several rounds of such
+runs, it is their median.
 """
 
 from __future__ import annotations
@@ -21,54 +26,58 @@ import time
 import numpy as np
 
 from . import delta_rule as dr
+from ._threads import blas_threads as _blas_threads
+from ._threads import one_blas_thread
 from ._validate import check_positive_int
 from .blocks import l2_normalize
+from .costs import delta_rule_chunkwise_flops
 from .hybrid import stack_decode_step, synthetic_cache
 from .recall import lab_update
 
-__all__ = ["best_time", "time_forms", "time_lab_update", "measure_decode_seconds"]
+__all__ = ["best_time", "random_layer_inputs", "time_forms", "gemm_rate", "chunkwise_table", "format_chunkwise_table", "time_lab_update",
+           "measure_decode_seconds"]
+
+LAYERS = {
+    "delta": (dr.delta_rule_recurrent, dr.delta_rule_chunkwise),
+    "gated": (dr.gated_delta_rule_recurrent, dr.gated_delta_rule_chunkwise),
+    "kda": (dr.kda_recurrent, dr.kda_chunkwise),
+}
 
 
-def best_time(fn, *args, repeats=5, **kwargs) -> float:
+def best_time(fn, *args, repeats=5, blas_threads=1, **kwargs) -> float:
     """Seconds of the fastest of ``repeats`` calls ``fn(*args, **kwargs)``.
 
     ``best_time(f)`` times ``f()``; ``best_time(np.linalg.solve, A, b, repeats=7)``
-    times ``np.linalg.solve(A, b)``. The keyword ``repeats`` is this function's
-    own: it is not passed on to ``fn``. The results of the calls are discarded.
+    times ``np.linalg.solve(A, b)``. The keywords ``repeats`` and ``blas_threads``
+    are this function's own: they are not passed on to ``fn``. The calls run
+    with at most ``blas_threads`` BLAS threads (default 1; None leaves the
+    caller's setting), restored after: on a shared machine a second BLAS thread
+    that waits for a busy core makes a timing erratic, several times too slow
+    now and then. The results of the calls are discarded.
     """
     if not callable(fn):
         raise ValueError(f"fn: expected a callable, got {type(fn).__name__} {fn!r}")
     repeats = check_positive_int(repeats, "repeats")
+    if blas_threads is not None:
+        blas_threads = check_positive_int(blas_threads, "blas_threads")
     best = np.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(*args, **kwargs)
-        best = min(best, time.perf_counter() - t0)
+    with _blas_threads(blas_threads):
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn(*args, **kwargs)
+            best = min(best, time.perf_counter() - t0)
     return float(best)
 
 
-def time_forms(T, d_k=128, d_v=128, *, dtype=np.float64, chunk_size=64, repeats=3, layer="gated", seed=0):
-    """Time the recurrent and chunkwise forms of one delta-rule layer on random data.
+def random_layer_inputs(T, d_k=128, d_v=128, *, layer="gated", dtype=np.float64, seed=0):
+    """The inputs :func:`time_forms` times a layer on: ``(q, k, v, params)``.
 
-    Random queries, unit keys, values and ``beta`` in ``[0.1, 0.9]``; the gated
-    delta rule gets log-gates ``log(g)`` with ``g`` uniform in ``[0.9, 1]``, KDA
-    gets ``kda_log_gate(z - 3)`` with ``z`` standard normal ``(T, d_k)``. Each
-    form runs once untimed (its output is compared), then :func:`best_time`.
-
-    Parameters
-    ----------
-    T, d_k, d_v : sizes. dtype : float32 or float64. chunk_size : for the chunkwise form.
-    repeats : best of this many runs is reported. layer : "delta", "gated" or "kda".
-
-    Returns
-    -------
-    dict with ``recurrent`` and ``chunkwise`` (seconds, best of ``repeats``),
-    ``ratio`` (recurrent / chunkwise) and ``max_rel_diff`` between the outputs.
+    Random queries, unit keys, values and ``beta`` in ``[0.1, 0.9]`` (in ``params``);
+    the gated delta rule gets log-gates ``log(g)`` with ``g`` uniform in ``[0.9, 1]``,
+    KDA gets ``kda_log_gate(z - 3)`` with ``z`` standard normal ``(T, d_k)``.
     """
-    T = check_positive_int(T, "T")
-    d_k = check_positive_int(d_k, "d_k")
-    d_v = check_positive_int(d_v, "d_v")
-    repeats = check_positive_int(repeats, "repeats")
+    if layer not in LAYERS:
+        raise ValueError(f"layer: expected 'delta', 'gated' or 'kda', got {layer!r}")
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype: expected float32 or float64, got {dtype}")
@@ -77,22 +86,118 @@ def time_forms(T, d_k=128, d_v=128, *, dtype=np.float64, chunk_size=64, repeats=
     k = l2_normalize(rng.standard_normal((T, d_k))).astype(dtype)
     v = rng.standard_normal((T, d_v)).astype(dtype)
     params = {"beta": rng.uniform(0.1, 0.9, T).astype(dtype)}
-    if layer == "delta":
-        rec, chk = dr.delta_rule_recurrent, dr.delta_rule_chunkwise
-    elif layer == "gated":
-        rec, chk = dr.gated_delta_rule_recurrent, dr.gated_delta_rule_chunkwise
+    if layer == "gated":
         params["log_gate"] = np.log(rng.uniform(0.9, 1.0, T)).astype(dtype)
     elif layer == "kda":
-        rec, chk = dr.kda_recurrent, dr.kda_chunkwise
         params["log_gate"] = dr.kda_log_gate(rng.standard_normal((T, d_k)) - 3.0).astype(dtype)
-    else:
-        raise ValueError(f"layer: expected 'delta', 'gated' or 'kda', got {layer!r}")
+    return q, k, v, params
+
+
+def time_forms(T, d_k=128, d_v=128, *, dtype=np.float64, chunk_size=64, repeats=3, layer="gated", seed=0,
+               rounds=1, blas_threads=1):
+    """Time the recurrent and chunkwise forms of one delta-rule layer on random data.
+
+    The inputs are :func:`random_layer_inputs`. Each form runs once untimed (its
+    output is compared), then ``rounds`` rounds each time both forms (the fastest
+    of ``repeats`` runs, :func:`best_time`); with several rounds the result is
+    their median, the two forms taking turns so that other work on the machine
+    falls on both.
+
+    Parameters
+    ----------
+    T, d_k, d_v : sizes. dtype : float32 or float64. chunk_size : for the chunkwise form.
+    repeats : runs per round, the fastest counts. layer : "delta", "gated" or "kda".
+    rounds : rounds of runs, the median counts. blas_threads : as in :func:`best_time`
+    (the forms themselves run their products with one thread whatever it is).
+
+    Returns
+    -------
+    dict with ``recurrent`` and ``chunkwise`` (seconds), ``ratio`` (recurrent /
+    chunkwise), ``max_rel_diff`` between the outputs and ``flops``, the FLOPs of
+    the chunkwise form's matrix products (:func:`fixedstate.costs.delta_rule_chunkwise_flops`).
+    """
+    T = check_positive_int(T, "T")
+    d_k = check_positive_int(d_k, "d_k")
+    d_v = check_positive_int(d_v, "d_v")
+    repeats = check_positive_int(repeats, "repeats")
+    rounds = check_positive_int(rounds, "rounds")
+    q, k, v, params = random_layer_inputs(T, d_k, d_v, layer=layer, dtype=dtype, seed=seed)
+    rec, chk = LAYERS[layer]
     o_rec, _ = rec(q, k, v, **params)
     o_chk, _ = chk(q, k, v, **params, chunk_size=chunk_size)
-    t_rec = best_time(rec, q, k, v, **params, repeats=repeats)
-    t_chk = best_time(chk, q, k, v, **params, chunk_size=chunk_size, repeats=repeats)
+    t_rec, t_chk = [], []
+    for _ in range(rounds):
+        t_rec.append(best_time(rec, q, k, v, **params, repeats=repeats, blas_threads=blas_threads))
+        t_chk.append(best_time(chk, q, k, v, **params, chunk_size=chunk_size, repeats=repeats,
+                               blas_threads=blas_threads))
+    t_rec, t_chk = float(np.median(t_rec)), float(np.median(t_chk))
+    dtype = np.dtype(dtype)
     rel = float(np.max(np.abs(o_chk - o_rec)) / max(np.max(np.abs(o_rec)), np.finfo(dtype).tiny))
-    return {"recurrent": t_rec, "chunkwise": t_chk, "ratio": t_rec / t_chk, "max_rel_diff": rel}
+    return {"recurrent": t_rec, "chunkwise": t_chk, "ratio": t_rec / t_chk, "max_rel_diff": rel,
+            "flops": delta_rule_chunkwise_flops(T, d_k, d_v, chunk_size=chunk_size, layer=layer)}
+
+
+def gemm_rate(dtype=np.float64, *, n=1024, repeats=5, threads=1) -> float:
+    """FLOP/s of one ``(n, n) @ (n, n)`` numpy product on this machine (``2 n^3`` FLOPs, the fastest of ``repeats``).
+
+    ``threads`` is the number of BLAS threads (1, as the package's sequence forms
+    use; None: the caller's setting). A product this large runs close to the
+    processor's peak, so this is the rate against which the chunkwise forms'
+    products are measured.
+    """
+    n = check_positive_int(n, "n")
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(dtype) for _ in range(2))
+    np.matmul(a, b)
+    return 2.0 * n ** 3 / best_time(np.matmul, a, b, repeats=repeats, blas_threads=threads)
+
+
+def chunkwise_table(T=4096, d=128, *, layers=("delta", "gated", "kda"), dtypes=(np.float64, np.float32),
+                    threads=(None, 1), chunk_size=64, repeats=5, rounds=3, rates=None):
+    """The recurrent and chunkwise forms of each layer against the GEMM limit (``make bench``, chapter {ref}`chap-delta-rule`).
+
+    For each layer, dtype and BLAS thread setting (None: the caller's setting,
+    the library's default unless the caller changed it; 1: one thread, set with
+    threadpoolctl around the calls), :func:`time_forms` at
+    ``T`` tokens, ``d_k = d_v = d``, one head. The GEMM limit is the time the
+    chunkwise form's matrix products (``flops``) would take at the measured rate
+    of large products with one thread, ``rates[dtype]`` (:func:`gemm_rate`,
+    measured here when not given): no form that does those products can be faster.
+
+    Returns a dict: ``rates`` (dtype name -> FLOP/s), ``rows`` (one dict per
+    configuration: ``layer``, ``dtype``, ``threads``, ``recurrent``, ``chunkwise``,
+    ``limit`` (seconds), ``flops``, ``speedup`` (recurrent / chunkwise),
+    ``recurrent_vs_limit`` and ``chunkwise_vs_limit`` (time / limit)) and the
+    settings ``T``, ``d``, ``chunk_size``, ``repeats``, ``rounds``.
+    """
+    dtypes = [np.dtype(x) for x in dtypes]
+    if rates is None:
+        rates = {dt.name: float(np.median([gemm_rate(dt, repeats=repeats) for _ in range(rounds)])) for dt in dtypes}
+    rows = []
+    for layer in layers:
+        for dt in dtypes:
+            for th in threads:
+                r = time_forms(T, d, d, dtype=dt, chunk_size=chunk_size, repeats=repeats, layer=layer,
+                               rounds=rounds, blas_threads=th)
+                limit = r["flops"] / rates[dt.name]
+                rows.append({"layer": layer, "dtype": dt.name, "threads": th, "recurrent": r["recurrent"],
+                             "chunkwise": r["chunkwise"], "limit": limit, "flops": r["flops"],
+                             "speedup": r["ratio"], "recurrent_vs_limit": r["recurrent"] / limit,
+                             "chunkwise_vs_limit": r["chunkwise"] / limit, "max_rel_diff": r["max_rel_diff"]})
+    return {"rates": rates, "rows": rows, "T": T, "d": d, "chunk_size": chunk_size, "repeats": repeats,
+            "rounds": rounds}
+
+
+def format_chunkwise_table(table) -> str:
+    """The table of :func:`chunkwise_table` as text: times in ms, ratios to the GEMM limit and between the forms."""
+    lines = [f"{'layer':<7}{'dtype':<9}{'BLAS threads':>13}{'recurrent ms':>14}{'chunkwise ms':>14}"
+             f"{'GEMM limit ms':>15}{'rec/limit':>11}{'chunk/limit':>13}{'rec/chunk':>11}"]
+    for r in table["rows"]:
+        threads = "default" if r["threads"] is None else str(r["threads"])
+        lines.append(f"{r['layer']:<7}{r['dtype']:<9}{threads:>13}{1e3 * r['recurrent']:>14.1f}"
+                     f"{1e3 * r['chunkwise']:>14.1f}{1e3 * r['limit']:>15.1f}{r['recurrent_vs_limit']:>11.2f}"
+                     f"{r['chunkwise_vs_limit']:>13.2f}{r['speedup']:>11.2f}")
+    return "\n".join(lines)
 
 
 def time_lab_update(d_k, *, n_pairs=None, mechanism="gated_delta", overlap=0.3, repeats=5) -> float:
@@ -115,12 +220,19 @@ def measure_decode_seconds(params: dict, context_lengths, *, n_steps: int = 5, s
     :func:`best_time`, each continuing from the cache the previous one left
     (the KV caches grow by one token per step, an append into spare rows). The
     work of a step depends on the sizes of the caches and states, not on their
-    contents, so every step reads the same random token. Returns an array
-    shaped like ``context_lengths``.
+    contents, so every step reads the same random token. The steps run with one
+    BLAS thread (the caller's setting is restored after): a step is a chain of
+    small products, which a second thread does not speed up but, on a busy
+    machine, slows down erratically. Returns an array shaped like ``context_lengths``.
     """
     lengths = [check_positive_int(n, "context_lengths", minimum=0)
                for n in np.atleast_1d(np.asarray(context_lengths)).tolist()]
     n_steps = check_positive_int(n_steps, "n_steps")
+    return _decode_seconds(params, lengths, n_steps, seed, np.shape(context_lengths))
+
+
+@one_blas_thread
+def _decode_seconds(params, lengths, n_steps, seed, shape):
     rng = np.random.default_rng(seed)
     out = []
     for n in lengths:
@@ -128,4 +240,4 @@ def measure_decode_seconds(params: dict, context_lengths, *, n_steps: int = 5, s
         token = rng.standard_normal(params["d_model"]).astype(params["layers"][0]["W_q"].dtype)
         stack_decode_step(params, token, cache)  # warm-up
         out.append(best_time(stack_decode_step, params, token, cache, repeats=n_steps))
-    return np.reshape(np.array(out), np.shape(context_lengths))
+    return np.reshape(np.array(out), shape)
