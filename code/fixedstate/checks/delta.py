@@ -237,7 +237,8 @@ def check_exact_beta(exact_beta) -> CheckResult:
 _DR_FORMS = (dr.gated_delta_rule_chunk, dr.gated_delta_rule_loop, dr.gated_delta_rule_step,
              dr.gated_delta_rule_recurrent, dr.gated_delta_rule_chunkwise, dr.delta_rule_step,
              dr.delta_rule_recurrent, dr.delta_rule_chunkwise, dr.kda_step, dr.kda_recurrent, dr.kda_chunkwise,
-             dr.kda_loop, dr._step, dr._recurrent, dr._chunkwise, dr._chunk_group, dr._kda_pair_products)
+             dr.kda_loop, dr._step, dr._recurrent, dr._chunkwise, dr._chunk_decays, dr._kda_prep,
+             dr._state_pass)
 
 
 def _kda_loop_variant(q, k, v, beta, log_gate, S, *, order="right"):
