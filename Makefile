@@ -14,7 +14,7 @@ MATHJAX := mathjax@3.2.2
 EXECUTE_TIMEOUT ?= 900
 NOTEBOOKS = $(sort $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb))
 
-.PHONY: book test lab execute bench student-book unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
+.PHONY: book test lab execute bench bench-figures student-book unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
 
 help:
 	@echo "make book          build the HTML book into _build/html"
@@ -22,6 +22,7 @@ help:
 	@echo "make lab           open JupyterLab on the book with the package importable"
 	@echo "make execute       re-execute every notebook in place from a clean kernel"
 	@echo "make bench         time the chunkwise delta rule against the recurrence"
+	@echo "make bench-figures time one update of every interactive figure in live mode (median, 95th percentile)"
 	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
 
 venv: $(STAMP)
@@ -82,6 +83,9 @@ execute: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/delta_rule_bench.py
+
+bench-figures: $(STAMP)
+	$(BIN)/python benchmarks/figures_bench.py
 
 clean:
 	rm -rf _build
