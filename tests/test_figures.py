@@ -7,7 +7,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from fixedstate.figures import book_style, figure_png, grid_size, interactive_figure  # noqa: E402
+from fixedstate.figures import (bar_heights, book_style, figure_parts, figure_png, grid_size,  # noqa: E402
+                                interactive_figure)
 
 
 def draw(a, b="x"):
@@ -59,10 +60,10 @@ def test_live_mode_recomputes_when_a_slider_moves():
     box = interactive_figure(counting_draw, {"a": [1, 2], "b": ["x", "y"]}, mode="live")
     image = box.children[-1]
     first = image.value
-    box.children[0].index = 1
+    box.children[0].value = 2
     assert calls == [(1, "x"), (2, "x")]
     assert image.value != first
-    assert box.render_seconds >= 0
+    assert box.render_seconds >= 0 and box.renders == 2 and box.values == {"a": 2, "b": "x"}
 
 
 def test_mode_comes_from_the_environment(monkeypatch):
@@ -150,16 +151,24 @@ def test_draw_four_writes_has_three_panels():
     fig = fdr.draw_four_writes(0.9, 0.5, 0.5)
     assert len(fig.axes) == 3 and [ax.get_title().split("\n")[0] for ax in fig.axes] == [
         "recall of a", "recall of b", "recall of c"]
+    for ax in fig.axes:  # every bar inside its panel
+        low, high = ax.get_xlim()
+        xs = np.concatenate([p.vertices[:, 0] for c in ax.collections for p in c.get_paths()])
+        assert low < xs.min() and xs.max() < high
     plt.close(fig)
+
+
+def _lab_bars(fig):
+    return figure_parts(fig)["bars"]
 
 
 def test_draw_lab_shows_each_keys_error_and_colour():
     fig = frc.draw_lab("linear", 12, 0.3, d_k=8, seed=2)
     result, _ = rc.lab_update("linear", 12, 8, 0.3, seed=2)
-    bars = fig.axes[0].patches
-    assert len(bars) == 12
-    assert np.allclose([b.get_height() for b in bars], result.errors, rtol=1e-12)
-    red = [b.get_facecolor()[0] > 0.7 and b.get_facecolor()[1] < 0.3 for b in bars]
+    bars = _lab_bars(fig)
+    assert bars in fig.axes[0].collections
+    assert np.allclose(bar_heights(bars), result.errors, rtol=1e-12)
+    red = [c[0] > 0.7 and c[1] < 0.3 for c in bars.get_facecolor()]
     assert red == list(~result.correct)
     plt.close(fig)
 
@@ -167,7 +176,7 @@ def test_draw_lab_shows_each_keys_error_and_colour():
 def test_draw_lab_uses_the_value_width():
     fig = frc.draw_lab("linear", 12, 0.0, 32, d_k=8, seed=2)
     result, curve = rc.lab_update("linear", 12, 8, 0.0, d_v=32, seed=2)
-    assert np.allclose([b.get_height() for b in fig.axes[0].patches], result.errors, rtol=1e-12)
+    assert np.allclose(bar_heights(_lab_bars(fig)), result.errors, rtol=1e-12)
     assert "d_v = 32" in fig.axes[0].get_title()
     lines = fig.axes[1].get_lines()
     assert np.array_equal(lines[1].get_ydata(), curve.accuracy["linear"])
@@ -197,3 +206,190 @@ def test_cores_do_not_import_matplotlib():
                if ("import matplotlib" in p.read_text() or "from matplotlib" in p.read_text())
                and p.parent.name != "figures"]
     assert drawing == []
+
+
+# ----------------------------------------------------------------------------- live sliders over a range
+
+from fixedstate.figures import (changing, live_update, new_figure, render_png,  # noqa: E402
+                                set_bar_heights, bar_collection, text_fields)
+
+FOUR_WRITES_GRID = {"gate": [1.0, 0.9, 0.75, 0.5], "beta": [0.25, 0.5, 0.75, 1.0], "overlap": [0.0, 0.5, 0.9]}
+
+
+def test_live_sliders_cover_the_range_of_their_values_and_buttons_stay_buttons():
+    box = interactive_figure(draw, {"a": [1, 2, 3]}, mode="live")
+    assert isinstance(box.controls["a"], widgets.IntSlider)
+    assert (box.controls["a"].min, box.controls["a"].max, box.controls["a"].step) == (1, 3, 1)
+    box = interactive_figure(fdr.draw_four_writes, FOUR_WRITES_GRID, initial={"gate": 0.9}, mode="live")
+    gate = box.controls["gate"]
+    assert isinstance(gate, widgets.FloatSlider) and not isinstance(gate, widgets.FloatLogSlider)
+    assert (gate.min, gate.max, gate.value) == (0.5, 1.0, 0.9)
+    for name, values in FOUR_WRITES_GRID.items():  # every listed value is a position of its slider
+        ctl = box.controls[name]
+        assert all(abs((v - ctl.min) / ctl.step - round((v - ctl.min) / ctl.step)) < 1e-9 for v in values)
+        assert 10 <= (ctl.max - ctl.min) / ctl.step <= 200
+    box = interactive_figure(draw, {"a": [0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0], "b": ["x", "y"]},
+                             initial={"a": 1.0}, mode="live")
+    a = box.controls["a"]  # values spread over decades: a logarithmic slider
+    assert isinstance(a, widgets.FloatLogSlider) and (a.min, a.max, a.value) == (-2, 1, 1.0)
+    assert isinstance(box.controls["b"], widgets.ToggleButtons)
+    box.controls["a"].value = 10 ** -1.55
+    assert box.values["a"] == pytest.approx(10 ** -1.55, rel=1e-3)
+
+
+def test_frames_mode_keeps_the_grid():
+    box = interactive_figure(fdr.draw_four_writes, {"gate": [1.0, 0.5], "beta": [1.0], "overlap": [0.5]},
+                             mode="frames")
+    assert isinstance(box.controls["gate"], widgets.SelectionSlider)
+    assert [v for _, v in box.controls["gate"].options] == [1.0, 0.5] and box.frame_count == 2
+
+
+def _four_writes_heights(fig, name):
+    parts = figure_parts(fig)
+    return bar_heights(parts["linear"][name]), bar_heights(parts["delta"][name])
+
+
+def test_live_four_writes_redraws_at_a_value_between_the_grid_points():
+    box = interactive_figure(fdr.draw_four_writes, FOUR_WRITES_GRID,
+                             initial={"gate": 1.0, "beta": 1.0, "overlap": 0.5}, mode="live")
+    fig = box.figure
+    first = box.image.value
+    box.controls["gate"].value = 0.83  # between 0.75 and 0.9
+    box.controls["beta"].value = 0.62  # between 0.5 and 0.75
+    assert box.values == {"gate": 0.83, "beta": 0.62, "overlap": 0.5}
+    assert box.figure is fig, "the figure is built once and updated in place"
+    assert box.image.value != first and box.renders == 3
+    want = fdr.four_writes(0.83, 0.62, 0.5)
+    for name in fdr.FOUR_WRITES_KEYS:
+        lin, dlt = _four_writes_heights(fig, name)
+        assert np.allclose(lin, want["linear"][name], atol=1e-14)
+        assert np.allclose(dlt, want["delta"][name], atol=1e-14)
+        err = [f.get_text() for f in figure_parts(fig)["error"][name]]
+        assert err == [f"{np.linalg.norm(want[k][name] - want['targets'][name]):.2f}" for k in ("linear", "delta")]
+    assert [f.get_text() for f in figure_parts(fig)["settings"]] == ["0.83", "0.62", "0.50"]
+
+
+def test_live_lab_redraws_at_values_between_the_grid_points():
+    box = interactive_figure(frc.draw_lab, {"mechanism": list(rc.MECHANISMS), "n_pairs": [8, 16, 32],
+                                            "overlap": [0.0, 0.6], "d_v": [16, 64]},
+                             initial={"mechanism": "linear", "n_pairs": 8, "d_v": 16}, mode="live")
+    assert isinstance(box.controls["mechanism"], widgets.ToggleButtons)
+    assert isinstance(box.controls["n_pairs"], widgets.IntSlider)
+    box.controls["n_pairs"].value = 13
+    box.controls["overlap"].value = 0.37
+    box.controls["d_v"].value = 40
+    box.controls["mechanism"].value = "gated_delta"
+    fig = box.figure
+    result = rc.lab_experiment("gated_delta", 13, 16, 0.37, d_v=40)
+    curve = rc.lab_curves(16, 0.37, d_v=40)
+    assert np.allclose(bar_heights(_lab_bars(fig)), result.errors, rtol=1e-12)
+    assert len(bar_heights(_lab_bars(fig))) == 13
+    assert "N = 13" in fig.axes[0].get_title() and "d_v = 40" in fig.axes[0].get_title()
+    lines = figure_parts(fig)["curves"]
+    for mech in rc.MECHANISMS:
+        assert np.array_equal(lines[mech].get_ydata(), curve.accuracy[mech])
+    assert lines["gated_delta"].get_linewidth() > lines["linear"].get_linewidth()
+    assert figure_parts(fig)["now"].get_xdata()[0] == 13 / 16
+    # fewer pairs again: the extra bars go
+    box.controls["n_pairs"].value = 9
+    assert len(bar_heights(_lab_bars(fig))) == 9
+
+
+def test_live_capacity_redraws_at_values_between_the_grid_points():
+    box = interactive_figure(frc.draw_capacity, {"d_k": [8, 16, 32], "overlap": [0.0, 0.3, 0.6]},
+                             initial={"d_k": 16}, mode="live")
+    box.controls["d_k"].value = 20
+    box.controls["overlap"].value = 0.45
+    curve = rc.capacity_curve(20, rc.lab_n_values(20), overlap=0.45)
+    parts = figure_parts(box.figure)
+    for mech in rc.MECHANISMS:
+        assert np.array_equal(parts["accuracy"][mech].get_xdata(), curve.ratios)
+        assert np.array_equal(parts["accuracy"][mech].get_ydata(), curve.accuracy[mech])
+        assert np.array_equal(parts["error"][mech].get_ydata(), curve.error[mech])
+    assert box.figure.axes[0].get_title() == "d_k = 20, overlap 0.45"
+
+
+def test_each_figure_declares_when_its_live_sliders_redraw():
+    expected = {fdr.draw_four_writes: "continuous", frc.draw_lab: "continuous", frc.draw_capacity: "release"}
+    for fn, update in expected.items():
+        assert fn.live_update == update
+        said = "continuous" if update == "continuous" else "on release"
+        assert f"Live sliders: {said}" in " ".join(fn.__doc__.split())
+    box = interactive_figure(frc.draw_capacity, {"d_k": [8, 16], "overlap": [0.0, 0.3]}, mode="live")
+    assert box.live_update == "release" and not box.controls["d_k"].continuous_update
+    box = interactive_figure(fdr.draw_four_writes, {"gate": [1.0, 0.5]}, mode="live")
+    assert box.live_update == "continuous" and box.controls["gate"].continuous_update
+    # a drawing that builds a new figure at every call is slow: it redraws on release
+    box = interactive_figure(draw, {"a": [1, 2]}, mode="live")
+    assert box.live_update == "release" and not box.controls["a"].continuous_update
+    with pytest.raises(ValueError, match="update"):
+        live_update("sometimes")
+
+
+def test_frames_mode_renders_every_frame_from_one_figure():
+    figs = []
+
+    def counting(gate=1.0, beta=1.0, overlap=0.5, *, fig=None):
+        out = fdr.draw_four_writes(gate, beta, overlap, fig=fig)
+        figs.append(out)
+        return out
+
+    box = interactive_figure(counting, {"gate": [1.0, 0.5], "beta": [0.5, 1.0]}, mode="frames")
+    assert box.frame_count == 4 and len(figs) == 4 and len({id(f) for f in figs}) == 1
+    outer = _stacks(box)[0]
+    pictures = [img.value for s in outer.children for img in s.children]
+    assert len(set(pictures)) == 4 and all(p[:8] == b"\x89PNG\r\n\x1a\n" for p in pictures)
+
+
+def _pixels(png):
+    import io
+
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+
+
+def test_an_update_in_place_looks_like_a_figure_drawn_afresh():
+    book_style()
+    fig = fdr.draw_four_writes(1.0, 1.0, 0.5)
+    render_png(fig)
+    for gate, beta, overlap in [(0.6, 0.3, 0.9), (0.83, 0.62, 0.5)]:
+        updated = _pixels(render_png(fdr.draw_four_writes(gate, beta, overlap, fig=fig)))
+        fresh = _pixels(render_png(fdr.draw_four_writes(gate, beta, overlap)))
+        assert updated.shape == fresh.shape
+        differ = np.any(np.abs(updated - fresh) > 60, axis=-1)
+        assert differ.mean() < 0.002, f"{differ.sum()} pixels differ"
+
+
+def test_a_changed_axis_is_drawn_in_full_once_then_its_picture_reused():
+    fig, ax = new_figure()
+    (line,) = ax.plot([0, 1], [0, 1])
+    ax.set_ylim(0, 1)
+    changing(fig, line)
+    render_png(fig)
+    renderer = fig._fixedstate_renderer
+    full = renderer.full_draws
+    line.set_ydata([0, 0.5])
+    render_png(fig)
+    assert renderer.full_draws == full, "only the line changed: the background is reused"
+    ax.set_ylim(0, 2)
+    render_png(fig)
+    assert renderer.full_draws == full + 1
+    ax.set_ylim(0, 1)  # back to the first limits: their picture is kept
+    render_png(fig)
+    assert renderer.full_draws == full + 1
+
+
+def test_bar_collection_and_text_fields():
+    fig, ax = new_figure()
+    bars = bar_collection(ax, [1, 2, 3], [0.5, -1.0, 2.0], width=0.5)
+    assert np.allclose(bar_heights(bars), [0.5, -1.0, 2.0])
+    set_bar_heights(bars, [3.0, 4.0], x=[5, 6])
+    assert np.allclose(bar_heights(bars), [3.0, 4.0])
+    assert np.allclose(bars.get_paths()[0].vertices[:4, 0], [4.75, 4.75, 5.25, 5.25])
+    fields = text_fields(ax, "error: linear {}, delta {}", ("0.00", "0.00"))
+    assert len(fields) == 2 and all(f in changing(fig) for f in fields)
+    x0, x1 = (f.get_window_extent(fig.canvas.get_renderer()).x0 for f in fields)
+    assert x0 < x1
+    with pytest.raises(ValueError, match="widest"):
+        text_fields(ax, "{} and {}", ("0",))

@@ -36,7 +36,8 @@ Contents:
   of candidate values (nearest by cosine), optionally through a feature map.
 - :func:`make_mqar`, :func:`mqar_answers`, :func:`score_mqar`: the multi-query
   associative recall task of Zoology (Arora et al., 2024).
-- :func:`lab_n_values`, :func:`lab_update`: what the chapter's sliders recompute
+- :func:`lab_n_values`, :func:`lab_update` (:func:`lab_experiment` and
+  :func:`lab_curves`): what the chapter's sliders recompute
   (drawn by :mod:`fixedstate.figures.recall`, timed by
   :func:`fixedstate.timing.time_lab_update`).
 
@@ -57,7 +58,7 @@ from .blocks import embedding
 from .delta_rule import delta_rule_recurrent, gated_delta_rule_recurrent
 from .linear_attention import identity_feature_map, linear_attention_recurrent
 from .softmax_attention import KVCache, softmax_attention, softmax_attention_step
-from .ssm import selective_scan_sequential
+from .ssm import selective_scan_sequential, ssd_quadratic
 
 __all__ = [
     "MECHANISMS",
@@ -78,6 +79,8 @@ __all__ = [
     "score_mqar",
     "vocabulary_recall",
     "lab_n_values",
+    "lab_experiment",
+    "lab_curves",
     "lab_update",
 ]
 
@@ -402,9 +405,12 @@ def batched_final_states(mechanism, keys, values, *, beta=1.0, gate=0.9, checkpo
     list of prefix lengths), a list of such states, one after each prefix.
     The writes are those of :func:`write_memory` (``eq-rc-additive``,
     ``eq-rc-delta``, ``eq-rc-gated``, ``eq-rc-ssm``), made by the same layers with
-    the batch as a leading axis; the sequence is cut at the checkpoints and each
-    piece continues from the state the previous one left (``initial_state``),
-    so every prefix comes from one pass.
+    the batch as a leading axis, except the SSM memory: its recurrence
+    ``S <- gate S + k v^T`` is a Mamba-2 head with scalar decay, computed piece by
+    piece in matrix form (:func:`fixedstate.ssm.ssd_quadratic`) rather than token
+    by token (the tests prove the two equal). The sequence is cut at the
+    checkpoints and each piece continues from the state the previous one left
+    (``initial_state``), so every prefix comes from one pass.
     """
     mechanism = _mechanism(mechanism)
     if mechanism == "softmax":
@@ -423,8 +429,14 @@ def batched_final_states(mechanism, keys, values, *, beta=1.0, gate=0.9, checkpo
     states, state, done = [], None, 0
     for m in marks:
         if m > done:
-            _, state = _run_fixed_state(mechanism, k[:, done:m], k[:, done:m], v[:, done:m], beta=beta,
-                                        gate=gate, initial_state=state)
+            if mechanism == "ssm":
+                # the same recurrence S <- gate S + k v^T (eq-rc-ssm) in Mamba-2's matrix form: a scalar
+                # decay log(gate) with step 1, one product per piece instead of a loop over its tokens
+                _, state = ssd_quadratic(v[:, done:m], np.ones(m - done), np.log(gate), k[:, done:m],
+                                         k[:, done:m], initial_state=state)
+            else:
+                _, state = _run_fixed_state(mechanism, k[:, done:m], k[:, done:m], v[:, done:m], beta=beta,
+                                            gate=gate, initial_state=state)
             done = m
         states.append(np.array(state, dtype=np.float64))
     return states if checkpoints is not None else states[0]
@@ -746,17 +758,14 @@ def lab_n_values(d_k, max_ratio=4) -> np.ndarray:
     return np.unique(np.round(np.geomspace(1, max_ratio * d_k, 12)).astype(int))
 
 
-def lab_update(mechanism, n_pairs, d_k, overlap, *, d_v=None, seed=0, n_seeds=8, temperature=0.01,
-               beta=1.0, gate=0.9):
-    """Everything the lab recomputes when a slider moves.
+def lab_experiment(mechanism, n_pairs, d_k, overlap, *, d_v=None, seed=0, temperature=0.01, beta=1.0,
+                   gate=0.9) -> RecallResult:
+    """The lab's one experiment, the first half of :func:`lab_update`.
 
-    One experiment (:func:`recall_pairs` through the package's layers) with
-    ``n_pairs`` random unit keys of width ``d_k`` and overlap ``overlap`` and
-    random unit values of width ``d_v`` (default ``d_k``; the state is
-    ``d_k x d_v``), and the capacity curves of every mechanism
-    (:func:`capacity_curve` over :func:`lab_n_values`, ``n_seeds`` seeds, same ``d_v``).
-
-    Returns ``(result, curve)``: a :class:`RecallResult` and a :class:`CapacityCurve`.
+    ``n_pairs`` random unit keys of width ``d_k`` with overlap ``overlap``
+    (:func:`make_keys`) and random unit values of width ``d_v`` (default
+    ``d_k``), drawn from ``np.random.default_rng(seed)``, written and read back
+    by :func:`recall_pairs`. Returns its :class:`RecallResult`.
     """
     mechanism = _mechanism(mechanism)
     n = check_positive_int(n_pairs, "n_pairs")
@@ -765,7 +774,38 @@ def lab_update(mechanism, n_pairs, d_k, overlap, *, d_v=None, seed=0, n_seeds=8,
     rng = np.random.default_rng(seed)
     keys = make_keys(n, d_k, overlap=overlap, rng=rng)
     values = make_values(n, d_v, rng=rng)
-    result = recall_pairs(mechanism, keys, values, temperature=temperature, beta=beta, gate=gate)
-    curve = capacity_curve(d_k, lab_n_values(d_k), d_v=d_v, overlap=overlap, n_seeds=n_seeds, seed=seed,
-                           temperature=temperature, beta=beta, gate=gate)
+    return recall_pairs(mechanism, keys, values, temperature=temperature, beta=beta, gate=gate)
+
+
+def lab_curves(d_k, overlap, *, d_v=None, seed=0, n_seeds=8, temperature=0.01, beta=1.0,
+               gate=0.9) -> CapacityCurve:
+    """The lab's capacity curves, the second half of :func:`lab_update`.
+
+    Every mechanism's :func:`capacity_curve` over :func:`lab_n_values` (``n_seeds``
+    seeds, values of width ``d_v``, default ``d_k``). They do not depend on the
+    mechanism or the number of pairs of the experiment.
+    """
+    d_k = check_positive_int(d_k, "d_k")
+    d_v = d_k if d_v is None else check_positive_int(d_v, "d_v")
+    return capacity_curve(d_k, lab_n_values(d_k), d_v=d_v, overlap=overlap, n_seeds=n_seeds, seed=seed,
+                          temperature=temperature, beta=beta, gate=gate)
+
+
+def lab_update(mechanism, n_pairs, d_k, overlap, *, d_v=None, seed=0, n_seeds=8, temperature=0.01,
+               beta=1.0, gate=0.9):
+    """Everything the lab recomputes when a slider moves.
+
+    One experiment (:func:`lab_experiment`: :func:`recall_pairs` through the
+    package's layers) with ``n_pairs`` random unit keys of width ``d_k`` and
+    overlap ``overlap`` and random unit values of width ``d_v`` (default ``d_k``;
+    the state is ``d_k x d_v``), and the capacity curves of every mechanism
+    (:func:`lab_curves`: :func:`capacity_curve` over :func:`lab_n_values`,
+    ``n_seeds`` seeds, same ``d_v``).
+
+    Returns ``(result, curve)``: a :class:`RecallResult` and a :class:`CapacityCurve`.
+    """
+    result = lab_experiment(mechanism, n_pairs, d_k, overlap, d_v=d_v, seed=seed, temperature=temperature,
+                            beta=beta, gate=gate)
+    curve = lab_curves(d_k, overlap, d_v=d_v, seed=seed, n_seeds=n_seeds, temperature=temperature, beta=beta,
+                       gate=gate)
     return result, curve

@@ -16,6 +16,7 @@ import numpy as np
 from .._validate import as_float_array, check_interval
 from ..delta_rule import gated_delta_rule_step
 from ..linear_attention import identity_feature_map, linear_attention_step
+from . import bar_collection, changing, figure_parts, live_update, new_figure, set_bar_heights, text_fields
 
 __all__ = ["FOUR_WRITES_KEYS", "four_writes", "draw_four_writes"]
 
@@ -60,32 +61,63 @@ def four_writes(gate=1.0, beta=1.0, overlap=0.6):
     }
 
 
-def draw_four_writes(gate=1.0, beta=1.0, overlap=0.6):
+@live_update("continuous")
+def draw_four_writes(gate=1.0, beta=1.0, overlap=0.6, *, fig=None):
     """Draw the interactive delta-rule figure for one setting of the sliders.
 
     One panel per key (a, b, c): the four components of the value each layer
     recalls, as bars (plain linear attention, gated delta rule), with the target
-    (the latest value written under that key) as black outlines. Returns the
-    matplotlib Figure.
-    """
-    import matplotlib.pyplot as plt
+    (the latest value written under that key) as black outlines, and each
+    layer's recall error above the panel. Returns the matplotlib Figure.
 
+    Updatable (see :mod:`fixedstate.figures`): with ``fig``, a figure this
+    function built, it sets the bar heights and the texts of that figure and
+    returns it. **Live sliders: continuous** (the latest value wins): an update
+    recomputes four writes (about a millisecond) and redraws only the bars and
+    texts over the kept background, well under the 50 ms an update may take
+    (``make bench-figures`` measures it).
+    """
     res = four_writes(gate, beta, overlap)
-    fig, axes = plt.subplots(1, 3, figsize=(7.2, 2.8), sharey=True)
-    x = np.arange(4)
-    for ax, name in zip(axes, FOUR_WRITES_KEYS):
+    if fig is None:
+        fig = _four_writes_figure()
+    parts = figure_parts(fig)
+    for name in FOUR_WRITES_KEYS:
         target = res["targets"][name]
         lin, dlt = res["linear"][name], res["delta"][name]
-        ax.bar(x - 0.2, lin, width=0.38, color="tab:orange", label="linear attention")
-        ax.bar(x + 0.2, dlt, width=0.38, color="tab:blue", label="delta rule")
-        ax.bar(x, target, width=0.8, fill=False, edgecolor="black", linewidth=1.2, label="target")
-        err_l = np.linalg.norm(lin - target)
-        err_d = np.linalg.norm(dlt - target)
-        ax.set_title(f"recall of {name}\nerror: linear {err_l:.2f}, delta {err_d:.2f}")
+        set_bar_heights(parts["linear"][name], lin)
+        set_bar_heights(parts["delta"][name], dlt)
+        for field, err in zip(parts["error"][name], (lin - target, dlt - target)):
+            field.set_text(f"{np.linalg.norm(err):.2f}")
+    for field, value in zip(parts["settings"], (gate, beta, overlap)):
+        field.set_text(f"{value:.2f}")
+    return fig
+
+
+def _four_writes_figure():
+    """The figure of :func:`draw_four_writes` with its static parts; the changing ones at zero."""
+    fig, axes = new_figure(1, 3, figsize=(7.2, 2.8), sharey=True)
+    parts = figure_parts(fig)
+    parts.update(linear={}, delta={}, error={})
+    x = np.arange(4)
+    targets = four_writes()["targets"]  # the targets do not depend on the sliders
+    for ax, name in zip(axes, FOUR_WRITES_KEYS):
+        lin = bar_collection(ax, x - 0.2, width=0.38, facecolors="tab:orange", label="linear attention")
+        dlt = bar_collection(ax, x + 0.2, width=0.38, facecolors="tab:blue", label="delta rule")
+        outline = bar_collection(ax, x, targets[name], facecolors="none", edgecolors="black", linewidths=1.2,
+                                 label="target")
+        zero = ax.axhline(0.0, color="gray", linewidth=0.6)
+        # the outlines and the zero line are drawn again over the changing bars
+        changing(fig, lin, dlt, outline, zero)
+        # the title's first line stays; in its second line only the two numbers change
+        ax.set_title(f"recall of {name}", pad=18)
+        parts["error"][name] = text_fields(ax, "error: linear {}, delta {}", ("0.00", "0.00"),
+                                           fontsize=ax.title.get_fontsize())
         ax.set_xticks(x, ["e1", "e2", "e3", "e4"])
+        ax.set_xlim(-0.6, 3.6)
         ax.set_ylim(-0.7, 2.1)
-        ax.axhline(0.0, color="gray", linewidth=0.6)
+        parts["linear"][name], parts["delta"][name] = lin, dlt
     axes[0].set_ylabel("recalled component")
     axes[0].legend(loc="upper left", fontsize=7, frameon=False)
-    fig.suptitle(f"gate {gate:g}, beta {beta:g}, overlap a.c = {overlap:g}", fontsize=9)
+    parts["settings"] = text_fields(axes[1], "gate {}, beta {}, overlap a.c = {}", ("0.00",) * 3,
+                                    offset=(0, 34), fontsize=9)
     return fig
