@@ -6,6 +6,8 @@ claims hold.
 """
 
 import numpy as np
+
+from _shapes import thin
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -190,12 +192,6 @@ def _loop_over_items(layer, q, k, v, beta, lg, s0, lead, **kw):
     return out, state
 
 
-def _thin(lead, mask, n_drop):
-    """A shape that broadcasts to ``lead``: the axes where ``mask`` is True set to 1, the first ``n_drop`` dropped."""
-    shape = tuple(1 if m else n for n, m in zip(lead, mask))
-    return shape[min(n_drop, len(shape)):]
-
-
 @settings(max_examples=40, deadline=None)
 @given(layer=st.sampled_from(LAYERS), lead=st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple),
        T=st.integers(1, 19), chunk=st.integers(1, 8), seed=st.integers(0, 2**31 - 1),
@@ -206,7 +202,7 @@ def test_batched_equals_loop_over_items(layer, lead, T, chunk, seed, masks, drop
     # of size 1, some leading axes left out (q, k, v, beta, log_gate and the state)
     rng = np.random.default_rng(seed)
     d_k, d_v = 3, 2
-    shapes = [_thin(lead, m, n) for m, n in zip(masks, drop)]
+    shapes = [thin(lead, m, n) for m, n in zip(masks, drop)]
     q = rng.standard_normal(shapes[0] + (T, d_k))
     k = rng.standard_normal(shapes[1] + (T, d_k))
     k /= np.linalg.norm(k, axis=-1, keepdims=True)

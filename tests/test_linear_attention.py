@@ -20,6 +20,8 @@ Properties from chapter chap-linear-attention:
 """
 
 import numpy as np
+
+from _shapes import thin
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -152,11 +154,6 @@ def test_step_does_not_modify_inputs():
 
 # ---------------------------------------------------------------- leading axes
 
-def _thin(lead, mask, n_drop):
-    shape = tuple(1 if m else n for n, m in zip(lead, mask))
-    return shape[min(n_drop, len(shape)):]
-
-
 @settings(max_examples=40, deadline=None)
 @given(lead=st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple), t=st.integers(1, 9),
        chunk=st.integers(1, 4), normalize=st.booleans(), seed=st.integers(0, 10**6),
@@ -165,7 +162,7 @@ def _thin(lead, mask, n_drop):
 def test_batched_equals_loop_over_items(lead, t, chunk, normalize, seed, masks, drop, with_state):
     rng = np.random.default_rng(seed)
     d_k, d_v = 3, 2
-    shapes = [_thin(lead, m, n) for m, n in zip(masks, drop)]
+    shapes = [thin(lead, m, n) for m, n in zip(masks, drop)]
     q = rng.standard_normal(shapes[0] + (t, d_k))
     k = rng.standard_normal(shapes[1] + (t, d_k))
     v = rng.standard_normal(shapes[2] + (t, d_v))

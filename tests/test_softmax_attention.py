@@ -17,6 +17,8 @@ Properties from chapter chap-softmax-cost:
 import math
 
 import numpy as np
+
+from _shapes import thin
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -202,11 +204,6 @@ def test_large_scores_do_not_overflow():
 
 # ---------------------------------------------------------------- leading axes
 
-def _thin(lead, mask, n_drop):
-    shape = tuple(1 if m else n for n, m in zip(lead, mask))
-    return shape[min(n_drop, len(shape)):]
-
-
 @settings(max_examples=30, deadline=None)
 @given(lead=st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple), t=st.integers(1, 6),
        n=st.integers(0, 4), seed=st.integers(0, 10**6),
@@ -214,7 +211,7 @@ def _thin(lead, mask, n_drop):
        drop=st.lists(st.integers(0, 3), min_size=4, max_size=4))
 def test_batched_equals_loop_over_items(lead, t, n, seed, masks, drop):
     rng = np.random.default_rng(seed)
-    shapes = [_thin(lead, m, d) for m, d in zip(masks, drop)]
+    shapes = [thin(lead, m, d) for m, d in zip(masks, drop)]
     q = rng.standard_normal(shapes[0] + (t, 3))
     k = rng.standard_normal(shapes[1] + (t, 3))
     v = rng.standard_normal(shapes[2] + (t, 2))
