@@ -307,3 +307,52 @@ def test_built_exercise_pages_show_per_chapter_numbers(edition):
             solved = (site / "solutions" / nb.with_suffix(".html").name).read_text()
             shown = {(int(a), int(b)) for a, b in SOLUTION_HEAD.findall(solved)}
             assert shown == set(expected), f"solutions/{nb.name}: 'Solution to Exercise' numbers {sorted(shown)}"
+
+
+# ---------------------------------------------------------------- a downloaded notebook explains itself (issue #20)
+
+def _guard():
+    import sys
+    sys.path.insert(0, str(ROOT / "tools"))
+    import notebook_guard
+    return notebook_guard
+
+
+@pytest.mark.parametrize("nb", notebooks(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_notebook_opens_with_the_line_that_checks_for_the_package(nb):
+    guard = _guard()
+    version = guard.package_version()
+    first = next(c for c in cells(nb) if c["cell_type"] == "code")
+    assert source(first).split("\n", 1)[0] == guard.guard_line(version), (
+        f"{nb.relative_to(ROOT)}: the first code cell must open with the line that stops with the install "
+        f"command when fixedstate {version} is missing: run `.venv/bin/python tools/notebook_guard.py`")
+    text = "\n".join(source(c) for c in cells(nb) if c["cell_type"] == "code")
+    assert not re.search(r"^\s*(from|import)\s+myst_nb\b", text, re.M), (
+        f"{nb.relative_to(ROOT)} imports myst_nb, which a reader's environment lacks: "
+        "use `from fixedstate.prose import glue`")
+
+
+def test_the_package_version_is_one_and_the_line_names_the_wheel_the_site_serves():
+    import fixedstate
+
+    guard = _guard()
+    assert guard.package_version() == fixedstate.__version__, "pyproject.toml and fixedstate.__version__ differ"
+    line = guard.guard_line(fixedstate.__version__)
+    assert f"%pip install fixedstate-{fixedstate.__version__}-py3-none-any.whl" in line
+    assert guard.GUARD_RE.match(line) and "\n" not in line
+    compile(line, "<first line>", "exec")
+
+
+def test_the_guard_script_is_idempotent_and_updates_an_old_line(tmp_path):
+    guard = _guard()
+    nb = tmp_path / "x.ipynb"
+    data = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# T"]},
+                      {"cell_type": "code", "metadata": {}, "execution_count": 1, "outputs": [],
+                       "source": ["import numpy as np\n", "x = 1"]}],
+            "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    nb.write_text(json.dumps(data, indent=1) + "\n")
+    assert guard.apply(nb, "0.1.0") and not guard.apply(nb, "0.1.0")
+    assert guard.apply(nb, "0.3.0") and not guard.apply(nb, "0.3.0")
+    code = json.loads(nb.read_text())["cells"][1]["source"]
+    assert code == [guard.guard_line("0.3.0") + "\n", "import numpy as np\n", "x = 1"]
+    assert guard.has_guard(nb, "0.3.0") and not guard.has_guard(nb, "0.1.0")

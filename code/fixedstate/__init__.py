@@ -29,3 +29,35 @@ array ``S`` read out as ``o = S^T q``; float32 in gives float32 out.
 """
 
 __version__ = "0.2.0"
+
+
+class OutdatedError(ImportError):
+    """The installed fixedstate is older than a notebook needs. Jupyter shows only its message."""
+
+    def _render_traceback_(self):   # IPython's hook: print the message, not a traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
+def _version_tuple(text: str, argument: str) -> tuple[int, ...]:
+    import re
+
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", text) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"{argument}: expected a version 'MAJOR.MINOR.PATCH' such as '0.2.0', got {text!r}")
+    return tuple(int(part) for part in m.groups())
+
+
+def require(version: str) -> bool:
+    """``True`` if this fixedstate is at least ``version``; otherwise stop with how to update it.
+
+    The first line of every notebook of the book calls it (``tools/notebook_guard.py``
+    writes that line), after checking that the package is installed at all, so a
+    notebook downloaded from a newer edition of the book says which version it
+    needs instead of failing later on a missing function.
+    """
+    if _version_tuple(__version__, "__version__") >= _version_tuple(version, "version"):
+        return True
+    raise OutdatedError(
+        f"this notebook needs fixedstate {version} or newer, and fixedstate {__version__} is installed. "
+        f"Install the newer wheel from the book's site: %pip install --upgrade fixedstate-{version}-py3-none-any.whl "
+        "then restart the kernel.")

@@ -23,7 +23,7 @@ import math
 import numbers
 import re
 
-__all__ = ["round_to_format", "glue_number", "glue_bound", "below", "ROUNDING_LEVEL"]
+__all__ = ["round_to_format", "glue", "glue_number", "glue_bound", "below", "ROUNDING_LEVEL"]
 
 #: Errors below this size are rounding-level: state them as bounds, never as digits.
 ROUNDING_LEVEL = 1e-12
@@ -64,6 +64,24 @@ def round_to_format(value, fmt: str):
     return float(shown)
 
 
+def glue(name: str, value, display: bool = True) -> None:
+    """myst-nb's ``glue`` while the book is built; without myst-nb, only the display.
+
+    A reader who runs a chapter in a plain Jupyter (the package and its
+    dependencies, not the book's build tools) has nothing to paste glued values
+    into, so the value is shown if ``display`` asks for it and otherwise dropped.
+    """
+    try:
+        from myst_nb import glue as myst_glue
+    except ModuleNotFoundError:
+        if display:
+            from IPython.display import display as show
+
+            show(value)
+        return
+    myst_glue(name, value, display=display)
+
+
 def glue_number(name: str, value, fmt: str | None):
     """Glue ``value`` under ``name`` for the prose, rounded to what ``fmt`` shows; return it.
 
@@ -71,8 +89,6 @@ def glue_number(name: str, value, fmt: str | None):
     (the text shows the value as it is) a float is kept to 6 significant digits.
     Integers, strings and other non-float values are glued unchanged.
     """
-    from myst_nb import glue
-
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a non-empty string, got {name!r}")
     if isinstance(value, numbers.Real) and not isinstance(value, (bool, numbers.Integral)):
@@ -97,8 +113,6 @@ def glue_bound(name: str, error, bound: float = ROUNDING_LEVEL) -> float:
         raise ValueError(f"bound: expected a positive finite number, got {bound!r}")
     if not err < b:
         raise AssertionError(f"{name}: the error {err:.3e} is not below the stated bound {b:.0e}")
-    from myst_nb import glue
-
     glue(name, b, display=False)
     return b
 
