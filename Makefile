@@ -14,7 +14,7 @@ MATHJAX := mathjax@3.2.2
 EXECUTE_TIMEOUT ?= 900
 NOTEBOOKS = $(sort $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb))
 
-.PHONY: book test lab execute bench bench-figures reference-env student-book unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
+.PHONY: book test lab execute bench bench-figures reference-env student-book student-kit unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
 
 help:
 	@echo "make book          build the HTML book into _build/html"
@@ -25,6 +25,7 @@ help:
 	@echo "make reference-env a separate venv with torch and transformers, which make bench then compares with"
 	@echo "make bench-figures time one update of every interactive figure in live mode (median, 95th percentile)"
 	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
+	@echo "make student-kit   one zip for students: chapter and exercise notebooks, the package wheel, pinned requirements"
 	@echo "make grade         grade a folder of exercise notebooks: make grade SUBMISSIONS=<folder>"
 
 venv: $(STAMP)
@@ -42,21 +43,34 @@ $(ASSET_STAMP): Makefile tools/fetch_assets.py
 	$(BIN)/python tools/fetch_assets.py $(ASSETS) $(HTML_MANAGER) $(REQUIREJS) $(MATHJAX)
 	touch $(ASSET_STAMP)
 
+# The build also writes downloads/: the wheel of fixedstate and the book kit (tools/sphinx_ext/downloads.py).
 book: $(STAMP) $(ASSET_STAMP)
 	$(BIN)/jupyter-book build . --builder html
-	@echo "The book: $(CURDIR)/_build/html/index.html"
+	@echo "The book: $(CURDIR)/_build/html/index.html (downloads: $(CURDIR)/_build/html/downloads)"
 
 student-book: $(STAMP) $(ASSET_STAMP)
 	$(BIN)/python tools/student_toc.py _toc.yml _build/student_toc.yml
 	$(BIN)/jupyter-book build . --builder html --toc _build/student_toc.yml --path-output _build/student -W -n --keep-going
 	@echo "The student edition: $(CURDIR)/_build/student/_build/html/index.html"
 
+# The notebooks students run (chapters, exercises; no solutions), the wheel, requirements.txt
+# and a README of two commands, in one zip (tools/kit.py); the student edition serves the same kit.
+student-kit: $(STAMP)
+	$(BIN)/python tools/kit.py student-kit _build
+
+# The kit unpacked outside the repository, installed per its README into a fresh venv (PyPI for
+# the pinned dependencies), a chapter and an exercise run from it; minutes, so .ci/run runs it
+# after make test rather than make test itself.
+.PHONY: kit-test
+kit-test: $(STAMP)
+	$(BIN)/python -m pytest tests/test_kit.py -q -m kit -p no:cacheprovider
+
 test: $(STAMP) $(ASSET_STAMP)
 	bash tools/system_deps.sh npm chromium
 	bash tools/run_tests.sh
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests -q -m "not browser and not build"
+	$(BIN)/python -m pytest tests -q -m "not browser and not build and not kit"
 
 nbval: $(STAMP)
 	FIXEDSTATE_FIGURES=frames $(BIN)/python -m pytest --nbval --nbval-current-env \

@@ -122,3 +122,74 @@ def test_no_launch_button_while_the_repository_url_is_unset():
         text = page.read_text()
         for service in ("mybinder.org", "colab.research.google.com", "executablebooks/jupyter-book"):
             assert service not in text, f"{page.relative_to(FULL)} links {service} with no repository set"
+
+
+# ---------------------------------------------------------------- the site ships the package (issue #20)
+
+def _kit_text(zip_path: Path) -> str:
+    """Every text of a kit as a reader sees it: files, notebook cell sources and outputs."""
+    import zipfile
+
+    parts = []
+    with zipfile.ZipFile(zip_path) as zf:
+        for name in zf.namelist():
+            if name.endswith((".md", ".txt")):
+                parts.append(zf.read(name).decode())
+            elif name.endswith(".ipynb"):
+                for cell in json.loads(zf.read(name))["cells"]:
+                    parts.append(_source(cell))
+                    for out in cell.get("outputs", []):
+                        parts.append("".join(out.get("text", "")))
+                        parts.extend("".join(v) if isinstance(v, list) else str(v)
+                                     for k, v in out.get("data", {}).items() if k.startswith("text/"))
+    return normalise("\n".join(parts))
+
+
+@pytest.mark.parametrize("edition", ["full", "student"])
+def test_every_chapter_and_exercise_page_and_the_preface_link_the_wheel_and_the_kit(edition):
+    import zipfile
+
+    site = FULL if edition == "full" else STUDENT
+    if not (site / "index.html").exists():
+        pytest.fail(f"build the {edition} edition first (`make test` does): {site} is missing")
+    pages = [site / "preface.html"] + [p for d in ["chapters", "exercises"] for p in sorted((site / d).glob("*.html"))]
+    assert len(pages) > 1
+    kit_kind = "book" if edition == "full" else "student"
+    for page in pages:
+        text = page.read_text()
+        assert "fixedstate-downloads" in text, f"{page.relative_to(site)} has no download box"
+        wheels = re.findall(r'class="fixedstate-wheel[^"]*" href="([^"]+)"', text)
+        kits = re.findall(r'class="fixedstate-kit[^"]*" href="([^"]+)"', text)
+        assert len(wheels) == 1 and len(kits) == 1, f"{page.relative_to(site)}: expected one wheel and one kit link"
+        for link in wheels + kits:
+            target = (page.parent / link).resolve()
+            assert target.is_file() and zipfile.is_zipfile(target), f"{page.relative_to(site)} links {link}, missing"
+        assert f"-{kit_kind}-kit-" in kits[0]
+        wheel = wheels[0].rsplit("/", 1)[1]
+        assert f"pip<span class=\"w\"> </span>install<span class=\"w\"> </span>{wheel}" in text, \
+            f"{page.relative_to(site)}: the box's command does not install {wheel}"
+
+
+def test_the_student_kit_the_student_edition_serves_holds_no_line_of_any_solution():
+    kits = sorted((STUDENT / "downloads").glob("*-student-kit-*.zip"))
+    if not (STUDENT / "index.html").exists():
+        pytest.fail(f"build the student edition first (`make test` does): {STUDENT} is missing")
+    assert len(kits) == 1, f"the student edition serves {kits}, expected one student kit"
+    assert not list((STUDENT / "downloads").glob("*-book-kit-*")), "the student edition serves the book kit"
+    text, elsewhere = _kit_text(kits[0]), other_sources()
+    for nb, label, code, prose in solution_blocks():
+        distinctive = [normalise(l) for l in code + prose if len(l) >= 30 and normalise(l) not in elsewhere]
+        assert distinctive, f"{nb}, {label}: no distinctive line to search the kit for"
+        leaked = [l for l in distinctive if l in text]
+        assert not leaked, f"{nb}, solution to {label}: the student kit contains {leaked[:3]}"
+
+
+def test_a_chapter_pages_download_opens_with_the_line_that_checks_for_the_package():
+    if not (FULL / "index.html").exists():
+        pytest.fail(f"build the book first (`make book`): {FULL} is missing")
+    for page in sorted((FULL / "chapters").glob("*.html")):
+        (link,) = set(re.findall(r'href="([^"]+\.ipynb)"', page.read_text()))
+        nb = json.loads((page.parent / link).read_text())
+        first = next(c for c in nb["cells"] if c["cell_type"] == "code")
+        assert _source(first).startswith('if not (__import__("importlib.util").util.find_spec("fixedstate")'), \
+            f"{page.name}: its download does not open with the package check"

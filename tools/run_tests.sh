@@ -25,7 +25,8 @@ for d in chapters exercises solutions appendix; do
   [ -d "$d" ] && NOTEBOOK_DIRS+=("$d")
 done
 
-part "unit tests" $BIN/python -m pytest tests -q -m "not browser and not site" -p no:cacheprovider
+# The student kit's installation into fresh environments (-m kit) takes minutes: .ci/run runs it after this.
+part "unit tests" $BIN/python -m pytest tests -q -m "not browser and not site and not kit" -p no:cacheprovider
 part "notebooks (nbval)" $BIN/python -m pytest --nbval --nbval-current-env \
   --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider -q \
   "${NOTEBOOK_DIRS[@]}"
@@ -35,7 +36,7 @@ rm -rf _build/student
 $BIN/python tools/student_toc.py _toc.yml _build/student_toc.yml
 part "student edition build (-W -n --keep-going)" $BIN/jupyter-book build . --builder html \
   --toc _build/student_toc.yml --path-output _build/student -W -n --keep-going
-part "built site: student-edition leak test and browser test" $BIN/python -m pytest tests -q \
+part "built site: student-edition and student-kit leak tests, downloads, browser test" $BIN/python -m pytest tests -q \
   -m "site or browser" -p no:cacheprovider
 
 echo
