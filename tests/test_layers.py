@@ -374,3 +374,26 @@ def test_helpers_refuse_bad_input():
     with pytest.raises(ValueError, match="config"):
         L.parameter_shapes(object())
     assert math.isclose(L.log_decay(0.0, 0.0, 0.0), -math.log(2))
+
+
+def test_qwen3_next_projections_are_unscrambled_group_by_group():
+    c = L.GatedDeltaNetConfig(d_model=3, n_heads=4, n_key_heads=2, d_k=2, d_v=3)
+    r = 2
+    rows, ba = [], []
+    for g in range(2):                      # a label per row: (kind, head, channel) as a number
+        rows += [(0, g, i) for i in range(2)] + [(1, g, i) for i in range(2)]
+        rows += [(2, g * r + h, i) for h in range(r) for i in range(3)]
+        rows += [(3, g * r + h, i) for h in range(r) for i in range(3)]
+        ba += [(4, g * r + h, 0) for h in range(r)] + [(5, g * r + h, 0) for h in range(r)]
+    code = lambda kind, head, i: 100 * kind + 10 * head + i     # noqa: E731
+    W = np.array([[code(*row) + 0.001 * j for j in range(3)] for row in rows])
+    Wba = np.array([[code(*row) + 0.001 * j for j in range(3)] for row in ba])
+    out = L.split_qwen3_next_projections(W, Wba, c)
+    widths = {"W_q": (0, 2, 2), "W_k": (1, 2, 2), "W_v": (2, 4, 3), "W_z": (3, 4, 3), "W_b": (4, 4, 1),
+              "W_a": (5, 4, 1)}
+    for name, (kind, heads, width) in widths.items():
+        want = np.array([[code(kind, h, i) + 0.001 * j for h in range(heads) for i in range(width)]
+                         for j in range(3)])
+        assert np.array_equal(out[name], want), name
+    with pytest.raises(ValueError, match="in_proj_qkvz"):
+        L.split_qwen3_next_projections(W[:-1], Wba, c)

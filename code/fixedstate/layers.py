@@ -61,7 +61,7 @@ __all__ = [
     "init_gated_deltanet", "init_kda", "init_mamba", "init_mamba2",
     "gated_deltanet", "gated_deltanet_step", "kda_layer", "kda_layer_step",
     "mamba_block", "mamba_block_step", "mamba2_block", "mamba2_block_step",
-    "log_decay", "empty_cache", "cache_numbers", "parameter_shapes",
+    "log_decay", "empty_cache", "cache_numbers", "parameter_shapes", "split_qwen3_next_projections",
 ]
 
 
@@ -346,6 +346,30 @@ def _check_params(params, kind):
             raise ValueError(f"params: expected an entry {name!r} of shape {shape}, got keys {sorted(params)}")
         out[name] = as_float_array(params[name], f"params[{name!r}]", shape=shape)
     return config, out
+
+
+def split_qwen3_next_projections(in_proj_qkvz, in_proj_ba, config) -> dict:
+    """The input projections of Qwen3-Next's layer as the book's matrices ``W_q, W_k, W_v, W_z, W_b, W_a``.
+
+    ``Qwen3NextGatedDeltaNet`` keeps two ``nn.Linear`` weights, ``(d_out, d_in)``
+    each. ``in_proj_qkvz`` ``(2 H_k d_k + 2 H_v d_v, d_model)`` is laid out key
+    head by key head: for each of the ``H_k`` groups, its ``d_k`` query rows,
+    its ``d_k`` key rows, then the ``r d_v`` value rows and the ``r d_v`` gate
+    rows of its ``r = H_v / H_k`` value heads. ``in_proj_ba`` ``(2 H_v, d_model)``
+    likewise holds, per group, the ``r`` rows of ``b`` then the ``r`` rows of
+    ``a``. Returns the six matrices ``(d_model, width)`` of a params dict.
+    """
+    c = _check_config(config, GatedDeltaNetConfig)
+    r = c.n_heads // c.n_key_heads
+    per_group = 2 * c.d_k + 2 * r * c.d_v
+    W = as_float_array(in_proj_qkvz, "in_proj_qkvz", shape=(c.n_key_heads * per_group, c.d_model))
+    Wba = as_float_array(in_proj_ba, "in_proj_ba", shape=(2 * c.n_heads, c.d_model))
+    W = W.reshape(c.n_key_heads, per_group, c.d_model)
+    Wba = Wba.reshape(c.n_key_heads, 2 * r, c.d_model)
+    cuts = np.cumsum([0, c.d_k, c.d_k, r * c.d_v, r * c.d_v])
+    flat = lambda a: a.reshape(-1, c.d_model).T.copy()          # noqa: E731  (groups, rows, d) -> (d, width)
+    q, k, v, z = (flat(W[:, cuts[i]:cuts[i + 1]]) for i in range(4))
+    return {"W_q": q, "W_k": k, "W_v": v, "W_z": z, "W_b": flat(Wba[:, :r]), "W_a": flat(Wba[:, r:])}
 
 
 # --------------------------------------------------------------------------- shared parts

@@ -134,15 +134,9 @@ def gated_deltanet_rows(gen):
     randomize(lib, gen, {"A_log": (-1.0, 2.5), "dt_bias": (-2.0, 1.0), "norm": (0.5, 1.5), "conv1d": (-0.5, 0.5)})
     c = layers.GatedDeltaNetConfig(d_model=32, n_heads=4, n_key_heads=2, d_k=8, d_v=6, conv_kernel=4,
                                    norm_eps=cfg.rms_norm_eps)
-    # in_proj_qkvz is laid out per key head: [q (d_k), k (d_k), v (r d_v), z (r d_v)] for each of the H_k groups
-    r = c.n_heads // c.n_key_heads
-    W = to_np(lib.in_proj_qkvz.weight).reshape(c.n_key_heads, 2 * c.d_k + 2 * r * c.d_v, c.d_model)
-    q, k = W[:, :c.d_k], W[:, c.d_k:2 * c.d_k]
-    v, z = W[:, 2 * c.d_k:2 * c.d_k + r * c.d_v], W[:, 2 * c.d_k + r * c.d_v:]
-    Wba = to_np(lib.in_proj_ba.weight).reshape(c.n_key_heads, 2 * r, c.d_model)
-    flat = lambda a: a.reshape(-1, c.d_model).T.copy()       # noqa: E731
-    params = {"config": c, "W_q": flat(q), "W_k": flat(k), "W_v": flat(v), "W_z": flat(z),
-              "W_b": flat(Wba[:, :r]), "W_a": flat(Wba[:, r:]), "conv_weight": conv_weight(lib.conv1d),
+    params = {"config": c, **layers.split_qwen3_next_projections(to_np(lib.in_proj_qkvz.weight),
+                                                                  to_np(lib.in_proj_ba.weight), c),
+              "conv_weight": conv_weight(lib.conv1d),
               "A_log": to_np(lib.A_log), "dt_bias": to_np(lib.dt_bias), "norm_weight": to_np(lib.norm.weight),
               "W_o": T_(lib.out_proj.weight)}
     return layer_rows("Gated DeltaNet (Qwen3-Next)", qwen.Qwen3NextGatedDeltaNet, lib, cfg,
