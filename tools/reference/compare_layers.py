@@ -62,7 +62,7 @@ def lib_name(obj) -> str:
 
 def rel_error(reference: np.ndarray, other) -> float:
     other = other.detach().double().numpy() if isinstance(other, torch.Tensor) else np.asarray(other)
-    return float(np.max(np.abs(reference - other)) / np.max(np.abs(reference)))
+    return float(f"{np.max(np.abs(reference - other)) / np.max(np.abs(reference)):.3g}")
 
 
 def to_np(t: torch.Tensor) -> np.ndarray:
