@@ -14,7 +14,7 @@ MATHJAX := mathjax@3.2.2
 EXECUTE_TIMEOUT ?= 900
 NOTEBOOKS = $(sort $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb))
 
-.PHONY: book test lab execute bench bench-figures reference-env student-book student-kit unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
+.PHONY: book test lab execute bench bench-figures reference-env test-reference student-book student-kit unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
 
 help:
 	@echo "make book          build the HTML book into _build/html"
@@ -23,6 +23,7 @@ help:
 	@echo "make execute       re-execute every notebook in place from a clean kernel"
 	@echo "make bench         time the chunkwise delta rule against the recurrence and the GEMM limit"
 	@echo "make reference-env a separate venv with torch and transformers, which make bench then compares with"
+	@echo "make test-reference the book's layers against transformers' (same weights in); writes results/"
 	@echo "make bench-figures time one update of every interactive figure in live mode (median, 95th percentile)"
 	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
 	@echo "make student-kit   one zip for students: chapter and exercise notebooks, the package wheel, pinned requirements"
@@ -125,8 +126,15 @@ reference-env: $(REF_STAMP)
 $(REF_STAMP): Makefile
 	test -x $(REF_VENV)/bin/python || $(PYTHON) -m venv $(REF_VENV)
 	$(REF_VENV)/bin/python -m pip install --quiet --upgrade "pip>=24"
-	$(REF_VENV)/bin/python -m pip install --quiet "torch==2.13.0" "transformers==5.24.0" "numpy==2.4.6"
+	$(REF_VENV)/bin/python -m pip install --quiet "torch==2.13.0" "transformers==5.24.0" "numpy==2.4.6" \
+	  "scipy==1.17.1" "threadpoolctl==3.8.0"
 	touch $(REF_STAMP)
+
+# Optional, never part of make test: the book's layers and cores against transformers' own
+# (Qwen3-Next, Kimi Linear, Mamba, Mamba-2), same weights in; writes the table that
+# appendix/equivalence.ipynb shows. fixedstate is imported from code/ (no install).
+test-reference: $(REF_STAMP)
+	$(REF_VENV)/bin/python tools/reference/compare_layers.py --out results/reference_equivalence.json
 
 bench-figures: $(STAMP)
 	$(BIN)/python benchmarks/figures_bench.py

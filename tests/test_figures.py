@@ -393,3 +393,25 @@ def test_bar_collection_and_text_fields():
     assert x0 < x1
     with pytest.raises(ValueError, match="widest"):
         text_fields(ax, "{} and {}", ("0",))
+
+
+def test_layer_diagrams_draw_every_box_and_refuse_an_unknown_layer():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    from fixedstate.figures.layers import LAYER_DIAGRAMS, draw_layer
+
+    for name, spec in LAYER_DIAGRAMS.items():
+        fig = draw_layer(name)
+        ax = fig.axes[0]
+        boxes = [p for p in ax.patches if isinstance(p, FancyBboxPatch)]
+        arrows = [p for p in ax.patches if isinstance(p, FancyArrowPatch)]
+        assert len(boxes) == len(spec["nodes"]) and len(arrows) == len(spec["edges"])
+        labels = {t.get_text() for t in ax.texts}
+        assert {label for _, _, label, _ in spec["nodes"].values()} <= labels
+        assert all(a in spec["nodes"] and b in spec["nodes"] for a, b in spec["edges"])
+        plt.close(fig)
+    with pytest.raises(ValueError, match="name"):
+        draw_layer("transformer")

@@ -13,6 +13,8 @@ One module per idea, named after the chapter that explains it:
 - :mod:`fixedstate.hybrid`: hybrid stacks, their cost model and a numpy toy stack.
 - :mod:`fixedstate.blocks`: the parts layers are built from (projections, norms,
   activations, the short convolution, the MLP, the embedding).
+- :mod:`fixedstate.layers`: the layers as they ship (Gated DeltaNet as in Qwen3-Next,
+  KDA as in Kimi Linear, the Mamba and Mamba-2 blocks), prefill and decode step.
 - :mod:`fixedstate.figures`: interactive figures that work with and without a kernel,
   and each chapter's drawing code (``fixedstate.figures.delta_rule``, ...).
 - :mod:`fixedstate.timing`: the best-of-N timer and the measurements built on it.

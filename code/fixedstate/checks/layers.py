@@ -1,0 +1,193 @@
+"""Checks for the exercises of chapter "The layers as they ship" (chap-shipped-layers).
+
+Numeric answers live in :data:`ANSWERS`, each computed by the package (never
+typed in) with its tolerance, and are checked by :func:`check_answer`. The
+coding exercise is checked by :func:`check_split_qkvz` (Qwen3-Next's
+interleaved input projection as the book's matrices, compared with
+:func:`fixedstate.layers.split_qwen3_next_projections`).
+
+Challenge problem: :func:`check_mamba2_step` for
+``mamba2_step(params, x, cache) -> (y, cache)``, one decode step of the Mamba-2
+block (equation ``eq-sl-mamba2``) written from the blocks, compared with
+:func:`fixedstate.layers.mamba2_block_step`, which the answer may not call
+(nor :func:`fixedstate.layers.mamba2_block`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import layers as fl
+from ._core import CheckResult, Failure, call_student, call_without, check_numeric, run_check
+
+__all__ = ["ANSWERS", "check_answer", "check_split_qkvz", "check_mamba2_step", "BUDGET_LAYER"]
+
+#: The layer of exercise ex-sl-budget: a Mamba-2 block of width 2560 (inner width 5120 in
+#: 80 heads of 64, N = 128, one group, kernel 4).
+BUDGET_LAYER = fl.Mamba2Config(d_model=2560, n_heads=80, head_dim=64, d_state=128, n_groups=1, conv_kernel=4)
+
+
+def _answers() -> dict[str, dict]:
+    n = fl.cache_numbers(BUDGET_LAYER)
+    c = BUDGET_LAYER
+    return {
+        "ex-sl-budget/state": dict(
+            value=n["state"], tolerance=0, relative=False, what="numbers in the recurrent state of one layer",
+            hints=[(c.n_heads * c.head_dim, "that is one number per channel; each head keeps an N x P matrix"),
+                   (c.n_heads * c.d_state, "that is one N-vector per head; each head keeps an N x P matrix")]),
+        "ex-sl-budget/conv": dict(
+            value=n["conv"], tolerance=0, relative=False, what="numbers in the convolution cache of one layer",
+            hints=[(c.conv_kernel * c.conv_dim, "the cache keeps the last K - 1 inputs, not K"),
+                   ((c.conv_kernel - 1) * c.d_inner, "the convolution also runs over B and C: "
+                                                     "d_inner + 2 G N channels")]),
+        "ex-sl-budget/kib": dict(
+            value=2 * n["total"] / 1024, tolerance=0.005, relative=True,
+            what="the decode state of one layer in bfloat16, in KiB", unit="KiB",
+            hints=[(4 * n["total"] / 1024, "that is float32 (4 bytes); bfloat16 takes 2"),
+                   (2 * n["total"] / 1000, "1 KiB is 1024 bytes"),
+                   (2 * n["state"] / 1024, "add the convolution cache")]),
+    }
+
+
+ANSWERS = _answers()
+
+
+def check_answer(label: str, value) -> CheckResult:
+    """Check a numeric answer against :data:`ANSWERS` (computed by the package) within its tolerance."""
+    return check_numeric(label, value, ANSWERS)
+
+
+# ---------------------------------------------------------------------------
+# Coding exercise: Qwen3-Next's interleaved projections
+# ---------------------------------------------------------------------------
+
+def _qkvz_cases():
+    rng = np.random.default_rng(81)
+    cases = []
+    for c, what in ((fl.GatedDeltaNetConfig(6, 4, 2, 3, 2), "2 key heads, 4 value heads (r = 2), d_k = 3, d_v = 2"),
+                    (fl.GatedDeltaNetConfig(5, 3, 3, 2, 4), "3 key heads, 3 value heads (r = 1), d_k = 2, d_v = 4"),
+                    (fl.GatedDeltaNetConfig(4, 6, 2, 2, 3), "2 key heads, 6 value heads (r = 3), d_k = 2, d_v = 3")):
+        rows = 2 * c.n_key_heads * c.d_k + 2 * c.n_heads * c.d_v
+        cases.append((rng.standard_normal((rows, c.d_model)), c, what))
+    return cases
+
+
+def _naive_split(W, c):
+    """The slip: four contiguous blocks [all q | all k | all v | all z] (and transposed)."""
+    kd, vd = c.n_key_heads * c.d_k, c.n_heads * c.d_v
+    cuts = np.cumsum([0, kd, kd, vd, vd])
+    return tuple(W[cuts[i]:cuts[i + 1]].T for i in range(4))
+
+
+def check_split_qkvz(split_qkvz) -> CheckResult:
+    """Check ``split_qkvz(weight, config) -> (W_q, W_k, W_v, W_z)``, each ``(d_model, width)``."""
+
+    def body():
+        for W, c, what in _qkvz_cases():
+            case = f"a weight of shape {W.shape}, {what}"
+            got = call_without(split_qkvz, [fl.split_qwen3_next_projections], W.copy(), c, case=case)
+            expected = fl.split_qwen3_next_projections(W, np.zeros((2 * c.n_heads, c.d_model)), c)
+            try:
+                got = tuple(np.asarray(g, dtype=float) for g in got)
+            except (TypeError, ValueError):
+                raise Failure(f"on {case}: expected four arrays (W_q, W_k, W_v, W_z)") from None
+            if len(got) != 4:
+                raise Failure(f"on {case}: expected four arrays (W_q, W_k, W_v, W_z), got {len(got)}")
+            for name, g in zip(("W_q", "W_k", "W_v", "W_z"), got):
+                e = expected[name]
+                if g.shape == e.shape[::-1] and g.shape != e.shape:
+                    raise Failure(f"on {case}: {name} has shape {g.shape}, the transpose of the expected "
+                                  f"{e.shape}: nn.Linear stores (d_out, d_in); the book's matrices are "
+                                  "(d_in, d_out)")
+                if g.shape != e.shape:
+                    raise Failure(f"on {case}: {name} should have shape {e.shape}, got {g.shape}")
+                if not np.array_equal(g, e):
+                    naive = _naive_split(W, c)[("W_q", "W_k", "W_v", "W_z").index(name)]
+                    if naive.shape == g.shape and np.array_equal(g, naive):
+                        raise Failure(f"on {case}: {name} takes a contiguous block of rows; the rows are laid "
+                                      "out key head by key head: for each group, its q rows, k rows, then "
+                                      "the v rows and z rows of its value heads")
+                    raise Failure(f"on {case}: {name} has the right shape but not the right entries (the "
+                                  "first mismatch is at column "
+                                  f"{int(np.argwhere(~np.isclose(g, e))[0][1])})")
+        return "the four matrices are unscrambled group by group and transposed to (d_in, d_out)"
+
+    return run_check("ex-sl-qkvz", body)
+
+
+# ---------------------------------------------------------------------------
+# Challenge problem: the Mamba-2 decode step
+# ---------------------------------------------------------------------------
+
+def _mamba2_cases():
+    rng = np.random.default_rng(82)
+    cases = []
+    for c, batch, what in ((fl.Mamba2Config(8, 4, 3, 5, n_groups=2), (), "one sequence, 4 heads in 2 groups"),
+                           (fl.Mamba2Config(6, 3, 2, 4, n_groups=1, conv_bias=False), (2,),
+                            "a batch of 2, 3 heads in 1 group, no convolution bias"),
+                           (fl.Mamba2Config(8, 6, 2, 3, n_groups=3, conv_kernel=3), (2,),
+                            "a batch of 2, 6 heads in 3 groups, kernel 3")):
+        p = fl.init_mamba2(c, rng)
+        for key in ("D", "norm_weight"):
+            p[key] = p[key] + rng.uniform(-0.5, 0.5, p[key].shape)
+        prefix = rng.standard_normal(batch + (5, c.d_model))
+        _, cache = fl.mamba2_block(p, prefix)
+        cases.append((p, rng.standard_normal(batch + (c.d_model,)), cache, what))
+    return cases
+
+
+def _mamba2_slips(p, x, cache):
+    """What the likely slips give: pairs (what went wrong, y)."""
+    no_skip = dict(p, D=np.zeros_like(p["D"]))
+    one_weight = dict(p, norm_weight=np.ones_like(p["norm_weight"]))
+    return [("the skip D x is missing: y = S^T C + D x per head", fl.mamba2_block_step(no_skip, x, cache)[0]),
+            ("the norm's weight (params['norm_weight']) is missing", fl.mamba2_block_step(one_weight, x, cache)[0])]
+
+
+def check_mamba2_step(mamba2_step) -> CheckResult:
+    """Check ``mamba2_step(params, x, cache) -> (y, cache)`` against :func:`fixedstate.layers.mamba2_block_step`."""
+
+    def body():
+        for p, x, cache, what in _mamba2_cases():
+            c = p["config"]
+            case = f"{what} (x of shape {x.shape})"
+            given = {"conv": cache["conv"].copy(), "state": cache["state"].copy()}
+            got = call_without(mamba2_step, [fl.mamba2_block_step, fl.mamba2_block], p, x.copy(), given,
+                               case=case)
+            y_exp, cache_exp = fl.mamba2_block_step(p, x, cache)
+            if not np.array_equal(given["conv"], cache["conv"]) or not np.array_equal(given["state"], cache["state"]):
+                raise Failure(f"on {case}: your function changed the cache it was given in place; return a new one")
+            try:
+                y, new = got
+                y = np.asarray(y, dtype=float)
+                conv, state = np.asarray(new["conv"], dtype=float), np.asarray(new["state"], dtype=float)
+            except (TypeError, ValueError, KeyError, IndexError):
+                raise Failure(f"on {case}: expected (y, cache) with cache a dict of 'conv' and 'state'") from None
+            if state.shape != cache_exp["state"].shape:
+                hint = ""
+                if state.shape == cache_exp["state"].shape[:-2] + cache_exp["state"].shape[:-3:-1]:
+                    hint = (": the transpose; the book's state of a head is N x P (d_k x d_v, read out as "
+                            "S^T C), the library's P x N")
+                raise Failure(f"on {case}: the new state should have shape {cache_exp['state'].shape}, "
+                              f"got {state.shape}{hint}")
+            if conv.shape != cache_exp["conv"].shape:
+                raise Failure(f"on {case}: the new convolution cache should have shape {cache_exp['conv'].shape} "
+                              f"(the last K - 1 inputs of the x, B, C channels), got {conv.shape}")
+            if y.shape != y_exp.shape:
+                raise Failure(f"on {case}: y should have shape {y_exp.shape}, got {y.shape}")
+            if not np.allclose(conv, cache_exp["conv"], rtol=1e-10, atol=1e-12):
+                raise Failure(f"on {case}: the convolution cache is wrong: shift it by one token and put the new "
+                              "input (the x, B, C part of the projection, before the convolution) last")
+            if not np.allclose(state, cache_exp["state"], rtol=1e-10, atol=1e-12):
+                raise Failure(f"on {case}: the state is wrong: S = exp(a Delta) S + B (Delta x)^T per head, with "
+                              "a = -exp(A_log), Delta = softplus(dt + dt_bias) and head h using group "
+                              f"h // (H / G) = h // {c.n_heads // c.n_groups}")
+            if not np.allclose(y, y_exp, rtol=1e-10, atol=1e-12):
+                for slip, y_slip in _mamba2_slips(p, x, cache):
+                    if np.allclose(y, y_slip, rtol=1e-8, atol=1e-10):
+                        raise Failure(f"on {case}: the state is right but y is not: {slip}")
+                raise Failure(f"on {case}: the state and cache are right but y is not: y = S^T C + D x per head, "
+                              "times SiLU(z), RMSNorm per group (the gate first), times norm_weight, then W_out")
+        return "one Mamba-2 decode step: convolution cache, SSD state and output all match the package"
+
+    return run_check("ex-sl-mamba2-step", body)

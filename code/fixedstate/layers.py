@@ -1,0 +1,696 @@
+"""The layers as they ship: Gated DeltaNet, Kimi Delta Attention, Mamba and Mamba-2.
+
+Chapter {ref}`chap-shipped-layers`. A released model does not call a core
+alone: it wraps it in projections, a short causal convolution, activations,
+gates and an output norm. This module composes those parts, taken from
+:mod:`fixedstate.blocks`, with the cores of :mod:`fixedstate.delta_rule` and
+:mod:`fixedstate.ssm`. It adds no mathematics of its own: every number a layer
+computes is computed by a block or a core.
+
+Each layer has
+
+- a configuration dataclass (:class:`GatedDeltaNetConfig`, :class:`KDAConfig`,
+  :class:`MambaConfig`, :class:`Mamba2Config`), validated on construction;
+- ``init_*(config, rng, dtype=np.float64)``: a dict of parameters, weights as
+  ``(d_in, d_out)`` matrices (the transpose of PyTorch's ``nn.Linear.weight``),
+  with the configuration itself under ``"config"``;
+- a prefill ``f(params, x, *, cache=None) -> (y, cache)`` over a sequence
+  ``x`` ``(..., T, d_model)``, with the leading axes a batch;
+- a decode step ``f_step(params, x_t, cache=None) -> (y_t, cache)`` for one token
+  ``x_t`` ``(..., d_model)``.
+
+The cache is a dict ``{"conv": (..., K-1, conv_dim), "state": ...}``: the last
+``K - 1`` inputs of the short convolution and the recurrent state. ``cache=None``
+(or a step with ``cache=None``) starts from zeros. Prefill-then-decode gives the
+prefill of the whole sequence (``tests/test_layers.py`` proves it to float64
+precision).
+
+Where the book's cores and the libraries differ in convention, the layers map
+one onto the other at the call (the notation appendix lists the differences):
+
+- readout scale: the cores apply none unless asked; the delta-rule layers pass
+  ``scale = d_k ** -0.5``, which the libraries always apply to the queries;
+- gates: the cores take log-decays, as the libraries do; the layers compute
+  them with :func:`log_decay`, ``-exp(A_log) * softplus(raw + dt_bias)``
+  (Qwen3-Next's Gated DeltaNet, Kimi Linear's KDA per channel, and Mamba-2's
+  ``delta * a``, which is the same expression);
+- KDA's gate: the released layer uses this unbounded form, not the
+  lower-bounded ``g_min * sigmoid(z)`` of :func:`fixedstate.delta_rule.kda_log_gate`;
+  the chunkwise core builds every decay as a product of per-token decays
+  ``<= 1``, so any log-decay ``<= 0`` is safe, however negative;
+- SSD state: the book's state of a Mamba-2 head is ``(N, P)`` (``d_k x d_v``,
+  read out as ``S^T C``); the libraries store its transpose ``(P, N)``, per
+  head ``(H, P, N)``. Mamba's (v1) state is ``(d_inner, N)`` in both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import numpy as np
+
+from . import blocks
+from ._validate import as_float_array, check_positive_int
+from .delta_rule import gated_delta_rule_chunkwise, gated_delta_rule_step, kda_chunkwise, kda_step
+from .ssm import selective_scan_parallel, selective_scan_step, ssd_quadratic, ssd_recurrent
+
+__all__ = [
+    "GatedDeltaNetConfig", "KDAConfig", "MambaConfig", "Mamba2Config",
+    "init_gated_deltanet", "init_kda", "init_mamba", "init_mamba2",
+    "gated_deltanet", "gated_deltanet_step", "kda_layer", "kda_layer_step",
+    "mamba_block", "mamba_block_step", "mamba2_block", "mamba2_block_step",
+    "log_decay", "empty_cache", "cache_numbers", "parameter_shapes", "split_qwen3_next_projections",
+]
+
+
+# --------------------------------------------------------------------------- configurations
+
+def _positive_eps(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 < value < math.inf):
+        raise ValueError(f"{name}: expected a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _check_fields(config, ints, floats=(), bools=()):
+    for name in ints:
+        check_positive_int(getattr(config, name), name)
+    for name in floats:
+        object.__setattr__(config, name, _positive_eps(getattr(config, name), name))
+    for name in bools:
+        if not isinstance(getattr(config, name), (bool, np.bool_)):
+            raise ValueError(f"{name}: expected True or False, got {getattr(config, name)!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedDeltaNetConfig:
+    """Gated DeltaNet as in Qwen3-Next (``Qwen3NextGatedDeltaNet``).
+
+    ``n_heads`` value heads of width ``d_v`` share ``n_key_heads`` query/key heads of
+    width ``d_k`` (value head ``h`` reads key head ``h // (n_heads // n_key_heads)``).
+    """
+
+    d_model: int
+    n_heads: int
+    n_key_heads: int
+    d_k: int
+    d_v: int
+    conv_kernel: int = 4
+    norm_eps: float = 1e-6
+    chunk_size: int = 64
+
+    def __post_init__(self):
+        _check_fields(self, ("d_model", "n_heads", "n_key_heads", "d_k", "d_v", "conv_kernel", "chunk_size"),
+                      ("norm_eps",))
+        if self.n_heads % self.n_key_heads:
+            raise ValueError(f"n_key_heads: expected a divisor of n_heads={self.n_heads} (each query/key head "
+                             f"serves a whole group of value heads), got {self.n_key_heads}")
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the short convolution: the queries, keys and values."""
+        return 2 * self.n_key_heads * self.d_k + self.n_heads * self.d_v
+
+
+@dataclasses.dataclass(frozen=True)
+class KDAConfig:
+    """Kimi Delta Attention as in Kimi Linear (``KimiLinearDeltaAttention``).
+
+    ``gate_rank`` is the width of the low-rank projections of the forget gate and
+    the output gate (Kimi Linear uses ``d_k``; None means ``d_k``).
+    """
+
+    d_model: int
+    n_heads: int
+    d_k: int
+    d_v: int
+    gate_rank: int | None = None
+    conv_kernel: int = 4
+    norm_eps: float = 1e-6
+    chunk_size: int = 64
+
+    def __post_init__(self):
+        if self.gate_rank is None:
+            object.__setattr__(self, "gate_rank", self.d_k)
+        _check_fields(self, ("d_model", "n_heads", "d_k", "d_v", "gate_rank", "conv_kernel", "chunk_size"),
+                      ("norm_eps",))
+
+    @property
+    def conv_dim(self) -> int:
+        return self.n_heads * (2 * self.d_k + self.d_v)
+
+
+@dataclasses.dataclass(frozen=True)
+class MambaConfig:
+    """The Mamba (v1) block (``MambaMixer``): ``d_inner`` channels, ``d_state`` = N per channel."""
+
+    d_model: int
+    d_inner: int
+    d_state: int
+    dt_rank: int
+    conv_kernel: int = 4
+    conv_bias: bool = True
+
+    def __post_init__(self):
+        _check_fields(self, ("d_model", "d_inner", "d_state", "dt_rank", "conv_kernel"), bools=("conv_bias",))
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner
+
+
+@dataclasses.dataclass(frozen=True)
+class Mamba2Config:
+    """The Mamba-2 block (``Mamba2Mixer``): ``n_heads`` heads of ``head_dim`` = P channels.
+
+    ``d_inner = n_heads * head_dim``; ``B`` and ``C`` (``d_state`` = N each) are
+    shared by groups of heads (``n_groups`` divides ``n_heads``), and the output
+    norm normalises each group's ``d_inner / n_groups`` channels.
+    """
+
+    d_model: int
+    n_heads: int
+    head_dim: int
+    d_state: int
+    n_groups: int = 1
+    conv_kernel: int = 4
+    conv_bias: bool = True
+    norm_eps: float = 1e-5
+    chunk_size: int = 64
+
+    def __post_init__(self):
+        _check_fields(self, ("d_model", "n_heads", "head_dim", "d_state", "n_groups", "conv_kernel", "chunk_size"),
+                      ("norm_eps",), ("conv_bias",))
+        if self.n_heads % self.n_groups:
+            raise ValueError(f"n_groups: expected a divisor of n_heads={self.n_heads}, got {self.n_groups}")
+
+    @property
+    def d_inner(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.n_groups * self.d_state
+
+
+_CONFIGS = (GatedDeltaNetConfig, KDAConfig, MambaConfig, Mamba2Config)
+
+
+def _check_config(config, kind):
+    if not isinstance(config, kind):
+        raise ValueError(f"config: expected a {kind.__name__}, got {type(config).__name__}")
+    return config
+
+
+# --------------------------------------------------------------------------- parameters
+
+def parameter_shapes(config) -> dict[str, tuple]:
+    """The shape of every parameter of a layer, by name (the keys of its params dict).
+
+    Matrices are ``(d_in, d_out)``; the short convolution's weight is
+    ``(conv_dim, K)`` (the last tap multiplies the current token).
+    """
+    if isinstance(config, GatedDeltaNetConfig):
+        c = config
+        return {"W_q": (c.d_model, c.n_key_heads * c.d_k), "W_k": (c.d_model, c.n_key_heads * c.d_k),
+                "W_v": (c.d_model, c.n_heads * c.d_v), "W_z": (c.d_model, c.n_heads * c.d_v),
+                "W_b": (c.d_model, c.n_heads), "W_a": (c.d_model, c.n_heads),
+                "conv_weight": (c.conv_dim, c.conv_kernel), "A_log": (c.n_heads,), "dt_bias": (c.n_heads,),
+                "norm_weight": (c.d_v,), "W_o": (c.n_heads * c.d_v, c.d_model)}
+    if isinstance(config, KDAConfig):
+        c = config
+        return {"W_q": (c.d_model, c.n_heads * c.d_k), "W_k": (c.d_model, c.n_heads * c.d_k),
+                "W_v": (c.d_model, c.n_heads * c.d_v), "conv_weight": (c.conv_dim, c.conv_kernel),
+                "W_f_down": (c.d_model, c.gate_rank), "W_f_up": (c.gate_rank, c.n_heads * c.d_k),
+                "dt_bias": (c.n_heads * c.d_k,), "A_log": (c.n_heads,), "W_b": (c.d_model, c.n_heads),
+                "W_g_down": (c.d_model, c.gate_rank), "W_g_up": (c.gate_rank, c.n_heads * c.d_v),
+                "norm_weight": (c.d_v,), "W_o": (c.n_heads * c.d_v, c.d_model)}
+    if isinstance(config, MambaConfig):
+        c = config
+        shapes = {"W_in": (c.d_model, 2 * c.d_inner), "conv_weight": (c.d_inner, c.conv_kernel)}
+        if c.conv_bias:
+            shapes["conv_bias"] = (c.d_inner,)
+        shapes.update({"W_x": (c.d_inner, c.dt_rank + 2 * c.d_state), "W_dt": (c.dt_rank, c.d_inner),
+                       "dt_bias": (c.d_inner,), "A_log": (c.d_inner, c.d_state), "D": (c.d_inner,),
+                       "W_out": (c.d_inner, c.d_model)})
+        return shapes
+    if isinstance(config, Mamba2Config):
+        c = config
+        shapes = {"W_in": (c.d_model, c.d_inner + c.conv_dim + c.n_heads),
+                  "conv_weight": (c.conv_dim, c.conv_kernel)}
+        if c.conv_bias:
+            shapes["conv_bias"] = (c.conv_dim,)
+        shapes.update({"dt_bias": (c.n_heads,), "A_log": (c.n_heads,), "D": (c.n_heads,),
+                       "norm_weight": (c.d_inner,), "W_out": (c.d_inner, c.d_model)})
+        return shapes
+    raise ValueError(f"config: expected one of {', '.join(k.__name__ for k in _CONFIGS)}, "
+                     f"got {type(config).__name__}")
+
+
+def _rng(rng):
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, numbers.Integral) and not isinstance(rng, bool):
+        return np.random.default_rng(rng)
+    raise ValueError(f"rng: expected a numpy Generator or an integer seed, got {type(rng).__name__}")
+
+
+def _dtype(dtype):
+    dt = np.dtype(dtype) if dtype in (np.float32, np.float64, "float32", "float64") else None
+    if dt is None:
+        raise ValueError(f"dtype: expected float32 or float64, got {dtype!r}")
+    return dt
+
+
+def _init(config, rng, dtype, special):
+    """Random weights: matrices ~ N(0, 1/d_in), convolution taps ~ N(0, 1/K), then ``special``."""
+    rng, dt = _rng(rng), _dtype(dtype)
+    params = {"config": config}
+    for name, shape in parameter_shapes(config).items():
+        if name in special:
+            params[name] = np.asarray(special[name](shape), dtype=dt)
+        elif len(shape) == 2:
+            params[name] = (rng.standard_normal(shape) / math.sqrt(shape[0] if name != "conv_weight"
+                                                                    else shape[1])).astype(dt)
+        else:
+            params[name] = (0.1 * rng.standard_normal(shape)).astype(dt)
+    return params
+
+
+def _inverse_softplus_of_uniform_log(rng, shape, low=1e-3, high=0.1):
+    """A step size ``delta`` log-uniform in [low, high], stored as ``softplus^{-1}(delta)`` (Mamba's init)."""
+    delta = np.exp(rng.uniform(math.log(low), math.log(high), size=shape))
+    return delta + np.log(-np.expm1(-delta))
+
+
+def init_gated_deltanet(config, rng, *, dtype=np.float64) -> dict:
+    """Random parameters of a Gated DeltaNet layer (shapes: :func:`parameter_shapes`).
+
+    ``A_log = log(A)`` with ``A`` uniform in [1, 16], ``dt_bias`` the inverse
+    softplus of a step log-uniform in [1e-3, 0.1], ``norm_weight`` ones; the
+    matrices are Gaussian with variance ``1/d_in``.
+    """
+    _check_config(config, GatedDeltaNetConfig)
+    rng = _rng(rng)
+    return _init(config, rng, dtype, {
+        "A_log": lambda s: np.log(rng.uniform(1.0, 16.0, size=s)),
+        "dt_bias": lambda s: _inverse_softplus_of_uniform_log(rng, s),
+        "norm_weight": np.ones})
+
+
+def init_kda(config, rng, *, dtype=np.float64) -> dict:
+    """Random parameters of a KDA layer, initialised as :func:`init_gated_deltanet` (``dt_bias`` per channel)."""
+    _check_config(config, KDAConfig)
+    rng = _rng(rng)
+    return _init(config, rng, dtype, {
+        "A_log": lambda s: np.log(rng.uniform(1.0, 16.0, size=s)),
+        "dt_bias": lambda s: _inverse_softplus_of_uniform_log(rng, s),
+        "norm_weight": np.ones})
+
+
+def init_mamba(config, rng, *, dtype=np.float64) -> dict:
+    """Random parameters of a Mamba block: S4D-real ``A = -(1, ..., N)`` per channel, ``D = 1``, Mamba's ``dt`` init."""
+    _check_config(config, MambaConfig)
+    rng = _rng(rng)
+    return _init(config, rng, dtype, {
+        "A_log": lambda s: np.log(np.broadcast_to(np.arange(1, s[1] + 1, dtype=float), s)),
+        "D": np.ones,
+        "dt_bias": lambda s: _inverse_softplus_of_uniform_log(rng, s),
+        "conv_bias": lambda s: 0.1 * rng.standard_normal(s)})
+
+
+def init_mamba2(config, rng, *, dtype=np.float64) -> dict:
+    """Random parameters of a Mamba-2 block: ``A = -(1, ..., H)`` over the heads, ``D = 1``, Mamba's ``dt`` init."""
+    _check_config(config, Mamba2Config)
+    rng = _rng(rng)
+    return _init(config, rng, dtype, {
+        "A_log": lambda s: np.log(np.arange(1, s[0] + 1, dtype=float)),
+        "D": np.ones,
+        "dt_bias": lambda s: _inverse_softplus_of_uniform_log(rng, s),
+        "conv_bias": lambda s: 0.1 * rng.standard_normal(s),
+        "norm_weight": np.ones})
+
+
+def _check_params(params, kind):
+    """The layer's configuration and its arrays, checked against the shapes the configuration gives."""
+    if not isinstance(params, dict):
+        raise ValueError(f"params: expected a dict of arrays (from init_*), got {type(params).__name__}")
+    config = params.get("config")
+    if not isinstance(config, kind):
+        raise ValueError(f"params['config']: expected a {kind.__name__} (params of this layer, from "
+                         f"init_*), got {type(config).__name__}")
+    out = {}
+    for name, shape in parameter_shapes(config).items():
+        if name not in params:
+            raise ValueError(f"params: expected an entry {name!r} of shape {shape}, got keys {sorted(params)}")
+        out[name] = as_float_array(params[name], f"params[{name!r}]", shape=shape)
+    return config, out
+
+
+def split_qwen3_next_projections(in_proj_qkvz, in_proj_ba, config) -> dict:
+    """The input projections of Qwen3-Next's layer as the book's matrices ``W_q, W_k, W_v, W_z, W_b, W_a``.
+
+    ``Qwen3NextGatedDeltaNet`` keeps two ``nn.Linear`` weights, ``(d_out, d_in)``
+    each. ``in_proj_qkvz`` ``(2 H_k d_k + 2 H_v d_v, d_model)`` is laid out key
+    head by key head: for each of the ``H_k`` groups, its ``d_k`` query rows,
+    its ``d_k`` key rows, then the ``r d_v`` value rows and the ``r d_v`` gate
+    rows of its ``r = H_v / H_k`` value heads. ``in_proj_ba`` ``(2 H_v, d_model)``
+    likewise holds, per group, the ``r`` rows of ``b`` then the ``r`` rows of
+    ``a``. Returns the six matrices ``(d_model, width)`` of a params dict.
+    """
+    c = _check_config(config, GatedDeltaNetConfig)
+    r = c.n_heads // c.n_key_heads
+    per_group = 2 * c.d_k + 2 * r * c.d_v
+    W = as_float_array(in_proj_qkvz, "in_proj_qkvz", shape=(c.n_key_heads * per_group, c.d_model))
+    Wba = as_float_array(in_proj_ba, "in_proj_ba", shape=(2 * c.n_heads, c.d_model))
+    W = W.reshape(c.n_key_heads, per_group, c.d_model)
+    Wba = Wba.reshape(c.n_key_heads, 2 * r, c.d_model)
+    cuts = np.cumsum([0, c.d_k, c.d_k, r * c.d_v, r * c.d_v])
+    flat = lambda a: a.reshape(-1, c.d_model).T.copy()          # noqa: E731  (groups, rows, d) -> (d, width)
+    q, k, v, z = (flat(W[:, cuts[i]:cuts[i + 1]]) for i in range(4))
+    return {"W_q": q, "W_k": k, "W_v": v, "W_z": z, "W_b": flat(Wba[:, :r]), "W_a": flat(Wba[:, r:])}
+
+
+# --------------------------------------------------------------------------- shared parts
+
+def log_decay(raw, A_log, dt_bias):
+    """The log-decay of the shipped gated layers: ``-exp(A_log) * softplus(raw + dt_bias)`` (``eq-sl-gate``).
+
+    Qwen3-Next's Gated DeltaNet (one per value head), Kimi Linear's KDA (one per
+    key channel) and Mamba-2 (``a * delta`` with ``a = -exp(A_log)`` and
+    ``delta = softplus(dt + dt_bias)``) all compute this. It is ``<= 0`` and
+    unbounded below. ``raw`` ``(..., n)``; ``A_log`` and ``dt_bias`` broadcast
+    against it (``(n,)``). Returns ``raw``'s shape.
+    """
+    raw = as_float_array(raw, "raw")
+    A_log = as_float_array(A_log, "A_log")
+    dt_bias = as_float_array(dt_bias, "dt_bias")
+    try:
+        np.broadcast_shapes(raw.shape, A_log.shape, dt_bias.shape)
+    except ValueError:
+        raise ValueError(f"A_log, dt_bias: expected shapes that broadcast against raw {raw.shape}, "
+                         f"got {A_log.shape} and {dt_bias.shape}") from None
+    return -np.exp(A_log) * blocks.softplus(raw + dt_bias)
+
+
+def _check_x(x, d_model: int, *, token: bool) -> np.ndarray:
+    x = as_float_array(x, "x")
+    need = 1 if token else 2
+    if x.ndim < need or x.shape[-1] != d_model or (not token and x.shape[-2] < 1):
+        want = "(..., d_model)" if token else "(..., T, d_model) with T >= 1"
+        raise ValueError(f"x: expected shape {want} with d_model={d_model}, got shape {x.shape}")
+    return x
+
+
+def _state_shape(config) -> tuple:
+    c = config
+    if isinstance(c, GatedDeltaNetConfig):
+        return (c.n_heads, c.d_k, c.d_v)
+    if isinstance(c, KDAConfig):
+        return (c.n_heads, c.d_k, c.d_v)
+    if isinstance(c, MambaConfig):
+        return (c.d_inner, c.d_state)
+    return (c.n_heads, c.d_state, c.head_dim)
+
+
+def empty_cache(config, batch_shape=(), *, dtype=np.float64) -> dict:
+    """The zero decode cache of a layer: ``{"conv": (*batch_shape, K-1, conv_dim), "state": (*batch_shape, ...)}``.
+
+    The state is ``(H, d_k, d_v)`` for Gated DeltaNet and KDA, ``(d_inner, N)``
+    for Mamba, ``(H, N, P)`` for Mamba-2 (the book's orientation).
+    """
+    if not isinstance(config, _CONFIGS):
+        raise ValueError(f"config: expected a layer configuration, got {type(config).__name__}")
+    batch_shape = tuple(batch_shape)
+    for n in batch_shape:
+        check_positive_int(n, "batch_shape")
+    dt = _dtype(dtype)
+    return {"conv": np.zeros(batch_shape + (config.conv_kernel - 1, config.conv_dim), dtype=dt),
+            "state": np.zeros(batch_shape + _state_shape(config), dtype=dt)}
+
+
+def cache_numbers(config) -> dict[str, int]:
+    """How many numbers one sequence's decode cache holds: ``{"state": ..., "conv": ..., "total": ...}``."""
+    if not isinstance(config, _CONFIGS):
+        raise ValueError(f"config: expected a layer configuration, got {type(config).__name__}")
+    state = math.prod(_state_shape(config))
+    conv = (config.conv_kernel - 1) * config.conv_dim
+    return {"state": state, "conv": conv, "total": state + conv}
+
+
+def _check_cache(cache, config, lead, *, required: bool):
+    """The cache's two arrays (None when ``cache`` is None and not required), leading axes checked."""
+    if cache is None:
+        if required:
+            raise ValueError("cache: expected a dict with 'conv' and 'state' (from a prefill or empty_cache), "
+                             "got None")
+        return None, None
+    if not isinstance(cache, dict) or set(cache) != {"conv", "state"}:
+        raise ValueError(f"cache: expected a dict with keys 'conv' and 'state', got "
+                         f"{sorted(cache) if isinstance(cache, dict) else type(cache).__name__}")
+    conv_shape = (config.conv_kernel - 1, config.conv_dim)
+    conv = as_float_array(cache["conv"], "cache['conv']")
+    state = as_float_array(cache["state"], "cache['state']")
+    for name, arr, core in (("cache['conv']", conv, conv_shape), ("cache['state']", state, _state_shape(config))):
+        if arr.shape[arr.ndim - len(core):] != core or arr.ndim < len(core):
+            raise ValueError(f"{name}: expected shape (..., {', '.join(map(str, core))}), got shape {arr.shape}")
+        try:
+            np.broadcast_shapes(arr.shape[:arr.ndim - len(core)], lead)
+        except ValueError:
+            raise ValueError(f"{name}: expected leading axes that broadcast with x's {lead}, "
+                             f"got shape {arr.shape}") from None
+    return conv, state
+
+
+def _conv(x, p, conv_state, *, token):
+    """The short convolution then SiLU, from its cache; returns (activations, new cache)."""
+    f = blocks.short_conv_step if token else blocks.short_conv
+    y, conv_state = f(x, p["conv_weight"], initial_state=conv_state, bias=p.get("conv_bias"))
+    return blocks.silu(y), conv_state
+
+
+def _heads(x, n, d, *, token):
+    """(..., T, n*d) -> (..., n, T, d); a token (..., n*d) -> (..., n, d)."""
+    x = x.reshape(x.shape[:-1] + (n, d))
+    return x if token else np.moveaxis(x, -2, -3)
+
+
+def _merge(o, *, token):
+    """(..., n, T, d) -> (..., T, n*d); a token (..., n, d) -> (..., n*d)."""
+    if not token:
+        o = np.moveaxis(o, -3, -2)
+    return o.reshape(o.shape[:-2] + (o.shape[-2] * o.shape[-1],))
+
+
+def _to_time_last(a, *, token):
+    """Per-head scalars (..., T, n) -> (..., n, T); a token (..., n) stays."""
+    return a if token else np.swapaxes(a, -1, -2)
+
+
+# --------------------------------------------------------------------------- Gated DeltaNet
+
+def _gated_deltanet(params, x, cache, *, token):
+    c, p = _check_params(params, GatedDeltaNetConfig)
+    x = _check_x(x, c.d_model, token=token)
+    lead = x.shape[:x.ndim - (1 if token else 2)]
+    conv_state, state = _check_cache(cache, c, lead, required=False)
+    kd, vd = c.n_key_heads * c.d_k, c.n_heads * c.d_v
+    qkv = np.concatenate([blocks.linear(x, p["W_q"]), blocks.linear(x, p["W_k"]), blocks.linear(x, p["W_v"])],
+                         axis=-1)                                                  # (..., T, conv_dim)
+    qkv, conv_state = _conv(qkv, p, conv_state, token=token)
+    group = c.n_heads // c.n_key_heads
+    q = blocks.l2_normalize(_heads(qkv[..., :kd], c.n_key_heads, c.d_k, token=token))
+    k = blocks.l2_normalize(_heads(qkv[..., kd:2 * kd], c.n_key_heads, c.d_k, token=token))
+    q, k = (np.repeat(a, group, axis=-2 if token else -3) for a in (q, k))   # key head h // group per value head
+    v = _heads(qkv[..., 2 * kd:], c.n_heads, c.d_v, token=token)
+    beta = _to_time_last(blocks.sigmoid(blocks.linear(x, p["W_b"])), token=token)
+    log_gate = _to_time_last(log_decay(blocks.linear(x, p["W_a"]), p["A_log"], p["dt_bias"]), token=token)
+    scale = c.d_k ** -0.5
+    if token:
+        o, state = gated_delta_rule_step(q, k, v, beta=beta, log_gate=log_gate, scale=scale, initial_state=state)
+    else:
+        o, state = gated_delta_rule_chunkwise(q, k, v, beta=beta, log_gate=log_gate, scale=scale,
+                                              initial_state=state, chunk_size=c.chunk_size)
+    z = _heads(blocks.linear(x, p["W_z"]), c.n_heads, c.d_v, token=token)
+    o = blocks.gated_rms_norm(o, z, p["norm_weight"], eps=c.norm_eps)          # per head, over d_v
+    y = blocks.linear(_merge(o, token=token), p["W_o"])
+    return y, {"conv": conv_state, "state": state}
+
+
+def gated_deltanet(params, x, *, cache=None):
+    """Gated DeltaNet as in Qwen3-Next, over a sequence (prefill) (``eq-sl-gdn``).
+
+    ``x`` ``(..., T, d_model)``; ``cache`` None (zeros) or ``{"conv": (..., K-1,
+    conv_dim), "state": (..., H, d_k, d_v)}`` to continue from. Steps: project
+    to q, k, v (one short convolution over their channels, then SiLU), z, b, a;
+    L2-normalise q and k per head; ``beta = sigmoid(b)``; log-decay
+    ``log_decay(a, A_log, dt_bias)`` per value head; the chunkwise gated delta
+    rule with scale ``d_k^{-1/2}``, each query/key head serving
+    ``n_heads // n_key_heads`` consecutive value heads; a gated RMSNorm per
+    head with ``silu(z)``; the output projection. Returns ``(y, cache)``, ``y``
+    ``(..., T, d_model)``.
+    """
+    return _gated_deltanet(params, x, cache, token=False)
+
+
+def gated_deltanet_step(params, x, cache=None):
+    """One decode step of :func:`gated_deltanet` (``eq-sl-gdn``): ``x`` ``(..., d_model)``, returns ``(y, cache)``.
+
+    ``cache`` None starts from zeros. The core is :func:`fixedstate.delta_rule.gated_delta_rule_step`.
+    """
+    return _gated_deltanet(params, x, cache, token=True)
+
+
+# --------------------------------------------------------------------------- KDA
+
+def _kda(params, x, cache, *, token):
+    c, p = _check_params(params, KDAConfig)
+    x = _check_x(x, c.d_model, token=token)
+    lead = x.shape[:x.ndim - (1 if token else 2)]
+    conv_state, state = _check_cache(cache, c, lead, required=False)
+    kd = c.n_heads * c.d_k
+    qkv = np.concatenate([blocks.linear(x, p["W_q"]), blocks.linear(x, p["W_k"]), blocks.linear(x, p["W_v"])],
+                         axis=-1)
+    qkv, conv_state = _conv(qkv, p, conv_state, token=token)
+    q = blocks.l2_normalize(_heads(qkv[..., :kd], c.n_heads, c.d_k, token=token))
+    k = blocks.l2_normalize(_heads(qkv[..., kd:2 * kd], c.n_heads, c.d_k, token=token))
+    v = _heads(qkv[..., 2 * kd:], c.n_heads, c.d_v, token=token)
+    f = blocks.linear(blocks.linear(x, p["W_f_down"]), p["W_f_up"])            # (..., T, H d_k), low rank
+    A_log = np.repeat(p["A_log"], c.d_k)                                         # one A per head, per channel
+    log_gate = _heads(log_decay(f, A_log, p["dt_bias"]), c.n_heads, c.d_k, token=token)
+    beta = _to_time_last(blocks.sigmoid(blocks.linear(x, p["W_b"])), token=token)
+    scale = c.d_k ** -0.5
+    if token:
+        o, state = kda_step(q, k, v, beta=beta, log_gate=log_gate, scale=scale, initial_state=state)
+    else:
+        o, state = kda_chunkwise(q, k, v, beta=beta, log_gate=log_gate, scale=scale, initial_state=state,
+                                 chunk_size=c.chunk_size)
+    g = _heads(blocks.linear(blocks.linear(x, p["W_g_down"]), p["W_g_up"]), c.n_heads, c.d_v, token=token)
+    o = blocks.rms_norm(o, p["norm_weight"], eps=c.norm_eps) * blocks.sigmoid(g)   # sigmoid output gate
+    y = blocks.linear(_merge(o, token=token), p["W_o"])
+    return y, {"conv": conv_state, "state": state}
+
+
+def kda_layer(params, x, *, cache=None):
+    """Kimi Delta Attention as in Kimi Linear, over a sequence (prefill) (``eq-sl-kda``).
+
+    As :func:`gated_deltanet`, with: as many query/key heads as value heads; a
+    log-decay per key channel, ``log_decay(f, A_log, dt_bias)`` with ``f`` a
+    low-rank projection of ``x`` and one ``A_log`` per head (the released,
+    unbounded gate); the chunkwise KDA core; an output gate
+    ``sigmoid(g)`` (``g`` a low-rank projection) after an RMSNorm per head.
+    ``cache`` None or ``{"conv": (..., K-1, conv_dim), "state": (..., H, d_k, d_v)}``.
+    Returns ``(y, cache)``.
+    """
+    return _kda(params, x, cache, token=False)
+
+
+def kda_layer_step(params, x, cache=None):
+    """One decode step of :func:`kda_layer` (``eq-sl-kda``); the core is :func:`fixedstate.delta_rule.kda_step`."""
+    return _kda(params, x, cache, token=True)
+
+
+# --------------------------------------------------------------------------- Mamba
+
+def _mamba(params, x, cache, *, token):
+    c, p = _check_params(params, MambaConfig)
+    x = _check_x(x, c.d_model, token=token)
+    lead = x.shape[:x.ndim - (1 if token else 2)]
+    conv_state, state = _check_cache(cache, c, lead, required=False)
+    xz = blocks.linear(x, p["W_in"])
+    u, z = xz[..., :c.d_inner], xz[..., c.d_inner:]
+    u, conv_state = _conv(u, p, conv_state, token=token)                      # (..., T, d_inner)
+    dbc = blocks.linear(u, p["W_x"])
+    r, N = c.dt_rank, c.d_state
+    delta = blocks.softplus(blocks.linear(dbc[..., :r], p["W_dt"], p["dt_bias"]))   # softplus(dt W + bias)
+    B, C = dbc[..., r:r + N], dbc[..., r + N:]
+    A = -np.exp(p["A_log"])
+    scan = selective_scan_step if token else selective_scan_parallel
+    y, state = scan(u, delta, A, B, C, D=p["D"], initial_state=state)
+    y = y * blocks.silu(z)
+    return blocks.linear(y, p["W_out"]), {"conv": conv_state, "state": state}
+
+
+def mamba_block(params, x, *, cache=None):
+    """The Mamba (v1) block over a sequence (prefill) (``eq-sl-mamba``).
+
+    ``in_proj`` to ``u`` and ``z``; the short convolution (with bias) over ``u``
+    and SiLU; ``x_proj`` to the low-rank step, ``B`` and ``C``;
+    ``delta = softplus(dt W_dt + dt_bias)``; the selective scan
+    (:func:`fixedstate.ssm.selective_scan_parallel`) with ``A = -exp(A_log)``
+    and the skip ``D``; ``y * silu(z)``; ``out_proj``. ``cache`` None or
+    ``{"conv": (..., K-1, d_inner), "state": (..., d_inner, N)}``. Returns ``(y, cache)``.
+    """
+    return _mamba(params, x, cache, token=False)
+
+
+def mamba_block_step(params, x, cache=None):
+    """One decode step of :func:`mamba_block` (``eq-sl-mamba``); the core is :func:`fixedstate.ssm.selective_scan_step`."""
+    return _mamba(params, x, cache, token=True)
+
+
+# --------------------------------------------------------------------------- Mamba-2
+
+def _ssd_chunks(x, delta, a, B, C, D, S, chunk_size):
+    """Mamba-2's chunked algorithm: :func:`fixedstate.ssm.ssd_quadratic` chunk after chunk, the state carried.
+
+    Each chunk is the matrix form ``eq-ssm-ssd-matrix`` with an incoming state
+    (``eq-ssm-ssd-chunk-out``, ``eq-ssm-ssd-chunk-state``); ``x`` ``(..., T, P)``.
+    """
+    T = x.shape[-2]
+    ys = []
+    for t0 in range(0, T, chunk_size):
+        sl = slice(t0, min(T, t0 + chunk_size))
+        y, S = ssd_quadratic(x[..., sl, :], delta[..., sl], a, B[..., sl, :], C[..., sl, :], D=D, initial_state=S)
+        ys.append(y)
+    return np.concatenate(ys, axis=-2), S
+
+
+def _mamba2(params, x, cache, *, token):
+    c, p = _check_params(params, Mamba2Config)
+    x = _check_x(x, c.d_model, token=token)
+    lead = x.shape[:x.ndim - (1 if token else 2)]
+    conv_state, state = _check_cache(cache, c, lead, required=False)
+    zxbcdt = blocks.linear(x, p["W_in"])
+    di, GN = c.d_inner, c.n_groups * c.d_state
+    z, xbc, dt = zxbcdt[..., :di], zxbcdt[..., di:di + c.conv_dim], zxbcdt[..., di + c.conv_dim:]
+    xbc, conv_state = _conv(xbc, p, conv_state, token=token)
+    per_group = c.n_heads // c.n_groups
+    u = _heads(xbc[..., :di], c.n_heads, c.head_dim, token=token)                     # (..., H, T, P)
+    B, C = (np.repeat(_heads(m, c.n_groups, c.d_state, token=token), per_group, axis=-2 if token else -3)
+            for m in (xbc[..., di:di + GN], xbc[..., di + GN:]))                      # (..., H, T, N)
+    delta = _to_time_last(blocks.softplus(dt + p["dt_bias"]), token=token)          # (..., H, T)
+    a = -np.exp(p["A_log"])                                                            # (H,)
+    if token:
+        y, state = ssd_recurrent(u[..., None, :], delta[..., None], a, B[..., None, :], C[..., None, :],
+                                 D=p["D"], initial_state=state)
+        y = y[..., 0, :]
+    else:
+        y, state = _ssd_chunks(u, delta, a, B, C, p["D"], state, c.chunk_size)
+    y = _merge(y, token=token)                                                          # (..., T, d_inner)
+    g = (c.n_groups, di // c.n_groups)
+    y = blocks.gated_rms_norm(y.reshape(y.shape[:-1] + g), z.reshape(z.shape[:-1] + g), eps=c.norm_eps,
+                              norm_before_gate=False).reshape(y.shape) * p["norm_weight"]
+    return blocks.linear(y, p["W_out"]), {"conv": conv_state, "state": state}
+
+
+def mamba2_block(params, x, *, cache=None):
+    """The Mamba-2 block over a sequence (prefill) (``eq-sl-mamba2``).
+
+    ``in_proj`` to ``z``, ``xBC`` and the step ``dt`` (one per head); the short
+    convolution (with bias) over ``xBC`` and SiLU; split into ``x`` (``H`` heads
+    of ``P``), ``B`` and ``C`` (``n_groups`` of ``N``, each shared by
+    ``H / n_groups`` consecutive heads); ``delta = softplus(dt + dt_bias)``;
+    the SSD core with the scalar ``a = -exp(A_log)`` per head and the skip
+    ``D``, computed chunk by chunk; the gated RMSNorm with the gate first,
+    ``rms_norm(y * silu(z))`` per group of channels; ``out_proj``. ``cache``
+    None or ``{"conv": (..., K-1, conv_dim), "state": (..., H, N, P)}``.
+    Returns ``(y, cache)``.
+    """
+    return _mamba2(params, x, cache, token=False)
+
+
+def mamba2_block_step(params, x, cache=None):
+    """One decode step of :func:`mamba2_block` (``eq-sl-mamba2``); the core is :func:`fixedstate.ssm.ssd_recurrent`."""
+    return _mamba2(params, x, cache, token=True)
