@@ -79,6 +79,6 @@ def _crossover_figure(d_k: int, d_v: int):
     ax.set_xlabel("sequence length T")
     ax.set_ylabel(rf"MFLOP ($d_k$ = {d_k}, $d_v$ = {d_v})")
     ax.legend(loc="upper left")
-    parts["title"] = text_fields(ax, "feature width r = {}, softmax counts the {}: crossover at T = {}",
+    parts["title"] = text_fields(ax, "r = {}, softmax counts the {}: crossover at T = {}",
                                  ("000", "causal half", "0000"), fontsize=ax.title.get_fontsize())
     return fig
