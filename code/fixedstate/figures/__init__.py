@@ -151,7 +151,7 @@ def _encode_png(rgba, size, colors: int | None) -> bytes:
     rgb = np.frombuffer(rgba, dtype=np.uint8).reshape(height, width, 4)[:, :, :3]
     if not colors:
         rows = np.zeros((height, 3 * width + 1), dtype=np.uint8)  # each row: filter type 0, then RGB
-        rows[:, 1:] = rgb.reshape(height, 3 * width)
+        rows[:, 1:].reshape(height, width, 3)[...] = rgb  # one copy, through a view of the rows
         header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
         return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header)
                 + _png_chunk(b"IDAT", zlib.compress(rows.tobytes(), 1)) + _png_chunk(b"IEND", b""))

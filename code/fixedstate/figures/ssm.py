@@ -30,13 +30,12 @@ _STATE_LIMITS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)  # the top of the state axis mo
 
 
 def _state_axis(low: float, high: float) -> tuple[float, float]:
-    """Limits of the state axis: the first of ``_STATE_LIMITS`` above the states, and a floor below zero."""
+    """Limits of the state axis: the first of ``_STATE_LIMITS`` above the states, the first of their negatives
+    (from 0.8 on) below them, so that the limits take few values."""
     top = next((t for t in _STATE_LIMITS if t >= 1.05 * high), 1.05 * high)
-    return min(_state_floor(top), 1.05 * low), top
-
-
-def _state_floor(top: float) -> float:
-    return -max(0.8, 0.1 * top)
+    depth = max(-1.05 * low, 0.1 * top)
+    bottom = next((0.8 * t for t in _STATE_LIMITS if 0.8 * t >= depth), depth)
+    return -bottom, top
 
 
 def selectivity_states(x, A, B, C, step_token8, step_others):
@@ -79,15 +78,15 @@ def draw_selectivity(step_token8=1.0, step_others=0.5, *, x, A, B, C, fig=None):
 
     Updatable (see :mod:`fixedstate.figures`): with ``fig``, a figure this
     function built, it changes the state lines, the limits of the bottom panel
-    (they follow the states, which grow with the step at token 8, from 1 to 32 in
-    six steps) and the two numbers of the top title, and returns it. **Live
+    (they follow the states, which grow with the step at token 8, in steps of a
+    factor of two) and the two numbers of the top title, and returns it. **Live
     sliders: continuous** (the latest value wins): the states of every setting the
     chapter's live sliders offer are computed when the figure is built, in one
     batched pass of 16 one-token steps (tens of milliseconds; another setting is
     computed when asked for, a few milliseconds), so an update looks them up and
-    redraws three lines and two numbers over a kept background (one per limit of
-    the state axis, all drawn when the figure is built); ``make bench-figures``
-    measures it.
+    redraws three lines and two numbers over a kept background (one per pair of
+    limits of the state axis that these settings reach, all drawn when the
+    figure is built); ``make bench-figures`` measures it.
     """
     x = as_float_array(x, "x", ndim=1)
     A = as_float_array(A, "A", ndim=2)
@@ -96,6 +95,12 @@ def draw_selectivity(step_token8=1.0, step_others=0.5, *, x, A, B, C, fig=None):
         ahead = selectivity_states(x, A, B, C, np.array(_AHEAD_TOKEN8)[:, None], np.array(_AHEAD_OTHERS)[None, :])
         figure_parts(fig)["ahead"] = {(s8, so): ahead[i, j] for i, s8 in enumerate(_AHEAD_TOKEN8)
                                       for j, so in enumerate(_AHEAD_OTHERS)}
+        # the state axis takes a few limits over these settings: their pictures are drawn now, not at an update
+        limits = {_state_axis(float(low), float(high))
+                  for low, high in zip(ahead.min(axis=(2, 3)).ravel(), ahead.max(axis=(2, 3)).ravel())}
+        for limit in sorted(limits):
+            fig.axes[1].set_ylim(*limit)
+            keep_background(fig)
     parts = figure_parts(fig)
     states = parts["ahead"].get((float(step_token8), float(step_others)))
     if states is None:
@@ -130,8 +135,4 @@ def _selectivity_figure(x, A):
     ax1.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=len(A[0]), frameon=False,
                borderaxespad=0.1)
     changing(fig, *parts["states"])
-    # the state axis moves between a few limits: their pictures are drawn now, not at the first update
-    for top in _STATE_LIMITS:
-        ax1.set_ylim(_state_floor(top), top)
-        keep_background(fig)
     return fig
