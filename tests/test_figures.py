@@ -415,3 +415,142 @@ def test_layer_diagrams_draw_every_box_and_refuse_an_unknown_layer():
         plt.close(fig)
     with pytest.raises(ValueError, match="name"):
         draw_layer("transformer")
+
+
+# ----------------------------------------------------------------------------- the figures of chapters 1, 2, 4, 6
+
+import functools  # noqa: E402
+
+from fixedstate import costs  # noqa: E402
+from fixedstate import hybrid as hy  # noqa: E402
+from fixedstate import ssm  # noqa: E402
+from fixedstate.figures import hybrid as fhy  # noqa: E402
+from fixedstate.figures import keep_background  # noqa: E402
+from fixedstate.figures import linear_attention as fla  # noqa: E402
+from fixedstate.figures import softmax_attention as fsm  # noqa: E402
+from fixedstate.figures import ssm as fssm  # noqa: E402
+
+KV_GRID = {"kv_heads": [32, 8, 1], "bytes_per_number": [4, 2, 1, 0.5]}
+CROSSOVER_GRID = {"r": [32, 64, 128, 256, 512], "softmax_count": ["full square", "causal half"]}
+SELECTIVITY_GRID = {"step_token8": [0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0], "step_others": [0.1, 0.5]}
+MEMORY_GRID = {"every": [1, 2, 4, 8, 16, 64]}
+
+
+def _selectivity_inputs():
+    rng = np.random.default_rng(3)
+    x = np.round(rng.normal(size=16) * 0.5, 2)
+    x[8] = 3.0
+    return dict(x=x, A=np.array([[-0.5, -1.0, -2.0]]), B=np.ones((16, 3)), C=np.ones((16, 3)) / 3)
+
+
+def test_live_kv_redraws_at_values_between_the_grid_points():
+    box = interactive_figure(fsm.draw_kv, KV_GRID, initial={"kv_heads": 32, "bytes_per_number": 2}, mode="live")
+    fig = box.figure
+    assert isinstance(box.controls["kv_heads"], widgets.IntSlider)
+    box.controls["kv_heads"].value = 13  # between 8 and 32
+    box.controls["bytes_per_number"].value = 1.35  # between 1 and 2
+    assert box.values == {"kv_heads": 13, "bytes_per_number": 1.35} and box.figure is fig
+    want = costs.kv_cache_bytes(fsm.KV_CONTEXT, n_layers=32, n_kv_heads=13, head_dim=128,
+                                bytes_per_element=1.35) / 1e9
+    line = figure_parts(fig)["line"]
+    assert np.array_equal(line.get_xdata(), fsm.KV_CONTEXT / 1e3)
+    assert np.allclose(line.get_ydata(), want, rtol=1e-15, atol=0)
+    assert [f.get_text() for f in figure_parts(fig)["title"]] == ["13", "1.35"]
+
+
+def test_live_crossover_redraws_at_values_between_the_grid_points():
+    box = interactive_figure(fla.draw_crossover, CROSSOVER_GRID, initial={"r": 128}, mode="live")
+    fig = box.figure
+    assert isinstance(box.controls["r"], widgets.IntSlider)
+    assert isinstance(box.controls["softmax_count"], widgets.ToggleButtons)
+    box.controls["r"].value = 300  # between 256 and 512
+    box.controls["softmax_count"].value = "causal half"
+    parts = figure_parts(fig)
+    T = fla.CROSSOVER_LENGTHS
+    assert np.allclose(parts["linear"].get_ydata(), costs.linear_attention_flops(T, 300, 128) / 1e6, rtol=1e-15)
+    assert np.allclose(parts["softmax"].get_ydata(),
+                       costs.softmax_attention_flops(T, 128, 128, causal=True) / 1e6, rtol=1e-15)
+    cross = costs.crossover_length(300, 128, 128, causal=True)
+    assert list(parts["crossover"].get_xdata()) == [cross, cross]
+    assert [f.get_text() for f in parts["title"]] == ["300", "causal half", str(cross)]
+    with pytest.raises(ValueError, match="softmax_count"):
+        fla.draw_crossover(64, "half")
+
+
+def test_selectivity_states_step_token_by_token_and_in_a_batch():
+    inputs = _selectivity_inputs()
+    states = fssm.selectivity_states(**inputs, step_token8=2.5, step_others=0.23)
+    h = np.zeros((1, 3))
+    for t in range(16):
+        delta = np.array([2.5 if t == 8 else 0.23])
+        _, h = ssm.selective_scan_step(inputs["x"][t:t + 1], delta, inputs["A"], inputs["B"][t], inputs["C"][t],
+                                       initial_state=h)
+        assert np.array_equal(states[t], h[0])
+    batch = fssm.selectivity_states(**inputs, step_token8=np.array([[0.1], [2.5]]),
+                                    step_others=np.array([[0.23, 0.5]]))
+    assert batch.shape == (2, 2, 16, 3)
+    assert np.allclose(batch[1, 0], states, rtol=1e-14, atol=1e-15)
+    with pytest.raises(ValueError, match="x"):
+        fssm.selectivity_states(np.ones(5), inputs["A"], inputs["B"], inputs["C"], 1.0, 0.5)
+
+
+def test_live_selectivity_redraws_at_values_between_the_grid_points():
+    inputs = _selectivity_inputs()
+    draw = functools.partial(fssm.draw_selectivity, **inputs)
+    box = interactive_figure(draw, SELECTIVITY_GRID, initial={"step_token8": 1.0, "step_others": 0.5}, mode="live")
+    assert box.live_update == "continuous" and box.controls["step_token8"].continuous_update
+    assert isinstance(box.controls["step_token8"], widgets.FloatLogSlider)
+    fig = box.figure
+    for s8, so in [(2.0, 0.5), (2.0, 0.23), (0.0446, 0.23)]:  # off the grid (0.0446 is a value the live slider offers)
+        box.controls["step_token8"].value = s8
+        box.controls["step_others"].value = so
+        assert box.values["step_token8"] == s8 and box.values["step_others"] == so
+        want = fssm.selectivity_states(**inputs, step_token8=s8, step_others=so)
+        for line, column in zip(figure_parts(fig)["states"], want.T):
+            assert np.allclose(line.get_ydata(), column, rtol=1e-13, atol=1e-15)
+        low, high = fig.axes[1].get_ylim()
+        assert low <= want.min() and want.max() <= high
+        kept, written = (f.get_text() for f in figure_parts(fig)["title"])
+        assert kept == f"{np.exp(-0.5 * s8):.3f}" and written == f"{s8 * 3.0:.3g}"
+
+
+def test_live_memory_redraws_at_values_between_the_grid_points():
+    box = interactive_figure(fhy.draw_memory, MEMORY_GRID, initial={"every": 4}, mode="live")
+    fig = box.figure
+    assert isinstance(box.controls["every"], widgets.IntSlider)
+    for every, attention in [(3, 10), (40, 0)]:  # 3: layers 2, 5, ..., 29; 40: past the end of the stack
+        box.controls["every"].value = every
+        config = hy.with_layout(hy.qwen35_9b_config(), hy.every_nth_layer(32, every) if every <= 32 else ())
+        assert len(config.attention_layers) == attention
+        kv = hy.stack_kv_cache_bytes(config, fhy.MEMORY_CONTEXTS) / 2**30
+        states = hy.stack_state_bytes(config) / 2**30
+        parts = figure_parts(fig)
+        assert np.allclose(bar_heights(parts["kv"]), kv, rtol=1e-15)
+        assert np.allclose(bar_heights(parts["total"]), kv + states, rtol=1e-15)
+    assert fig.axes[0].get_title() == "no attention layer"
+    box.controls["every"].value = 3
+    assert fig.axes[0].get_title() == "attention in every 3. layer (10 of 32)"
+
+
+def test_the_chapter_figures_declare_when_their_live_sliders_redraw_and_keep_their_frames():
+    for fn in (fsm.draw_kv, fla.draw_crossover, fssm.draw_selectivity, fhy.draw_memory):
+        assert fn.live_update == "continuous"
+        assert "Live sliders: continuous" in " ".join(fn.__doc__.split())
+    draw = functools.partial(fssm.draw_selectivity, **_selectivity_inputs())
+    box = interactive_figure(draw, {"step_token8": [0.01, 1.0, 10.0], "step_others": [0.5]}, mode="frames")
+    outer = _stacks(box)[0]
+    pictures = [img.value for s in outer.children for img in s.children]
+    assert box.frame_count == 3 and len(set(pictures)) == 3
+
+
+def test_kept_backgrounds_spare_the_full_drawings():
+    draw = functools.partial(fssm.draw_selectivity, **_selectivity_inputs())
+    fig = draw(0.01, 0.5)
+    renderer = fig._fixedstate_renderer
+    full = renderer.full_draws
+    for s8 in (0.01, 0.3, 1.0, 3.0, 10.0):  # the state axis moves through its limits
+        render_png(draw(s8, 0.5, fig=fig))
+    assert renderer.full_draws == full, "every limit of the state axis was drawn when the figure was built"
+    fig2, ax = new_figure()
+    keep_background(fig2)
+    assert fig2._fixedstate_renderer.full_draws == 1

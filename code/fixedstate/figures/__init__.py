@@ -3,15 +3,19 @@
 This package holds everything that draws; the cores never import matplotlib.
 One submodule per chapter module holds that chapter's drawing functions:
 
-- :mod:`fixedstate.figures.delta_rule`: ``four_writes``, ``draw_four_writes``;
-- :mod:`fixedstate.figures.recall`: ``draw_lab``, ``draw_capacity``.
+- :mod:`fixedstate.figures.softmax_attention`: ``draw_kv`` (chapter 1);
+- :mod:`fixedstate.figures.linear_attention`: ``draw_crossover`` (chapter 2);
+- :mod:`fixedstate.figures.delta_rule`: ``four_writes``, ``draw_four_writes`` (chapter 3);
+- :mod:`fixedstate.figures.ssm`: ``selectivity_states``, ``draw_selectivity`` (chapter 4);
+- :mod:`fixedstate.figures.recall`: ``draw_lab``, ``draw_capacity`` (chapter 5);
+- :mod:`fixedstate.figures.hybrid`: ``stack_memory_gib``, ``draw_memory`` (chapter 6).
 
 The helpers below serve every chapter: :func:`book_style`,
 :func:`interactive_figure`, :func:`grid_size`, :func:`figure_png`, and for the
 figures that update in place :func:`new_figure`, :func:`figure_parts`,
 :func:`changing`, :func:`bar_collection` (with :func:`set_bar_heights`,
-:func:`bar_heights`), :func:`text_fields`, :func:`render_png` and
-:func:`live_update`.
+:func:`bar_heights`), :func:`text_fields`, :func:`render_png`,
+:func:`keep_background` and :func:`live_update`.
 
 The book's interactive figures are sliders over a drawing function from this
 package. Two modes share one call and one drawing function:
@@ -56,8 +60,10 @@ keeps a picture of everything that is not ``changing`` (the *background*: axes,
 ticks, labels, legends) and, on each update, pastes that picture back and draws
 only the changing artists over it. A background is kept per state of the axes
 (limits, scales, titles and labels), so an update that changes a limit draws
-in full once and reuses the picture when the limit comes back. Anything else
-an update changes must be registered with :func:`changing`. The layout
+in full once and reuses the picture when the limit comes back; a drawing
+function whose limits move between a few values can draw those pictures when
+it builds the figure, with :func:`keep_background`. Anything else an update
+changes must be registered with :func:`changing`. The layout
 (constrained layout) is computed on the first drawing and then kept, so the
 axes do not move between updates or frames. Text is what matplotlib draws
 slowest: the changing texts are drawn with their layouts and glyph pictures
@@ -94,6 +100,7 @@ from typing import Callable, Mapping, Sequence
 
 __all__ = ["book_style", "interactive_figure", "figure_png", "render_png", "new_figure", "changing",
            "text_fields", "bar_collection", "set_bar_heights", "bar_heights", "figure_parts", "live_update",
+           "keep_background",
            "grid_size", "FIGURE_MODES", "LIVE_UPDATES"]
 
 FIGURE_MODES = ("live", "frames")
@@ -144,7 +151,7 @@ def _encode_png(rgba, size, colors: int | None) -> bytes:
     rgb = np.frombuffer(rgba, dtype=np.uint8).reshape(height, width, 4)[:, :, :3]
     if not colors:
         rows = np.zeros((height, 3 * width + 1), dtype=np.uint8)  # each row: filter type 0, then RGB
-        rows[:, 1:] = rgb.reshape(height, 3 * width)
+        rows[:, 1:].reshape(height, width, 3)[...] = rgb  # one copy, through a view of the rows
         header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
         return (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", header)
                 + _png_chunk(b"IDAT", zlib.compress(rows.tobytes(), 1)) + _png_chunk(b"IEND", b""))
@@ -266,13 +273,18 @@ def text_fields(ax, template: str, widest: Sequence[str], *, xy=(0.5, 1.0), xyco
     the room it gets. The words around the fields are drawn once, in the kept
     background; an update sets each field's text (``fields[0].set_text("0.12")``)
     and redraws only those few characters, much faster than a whole line (text
-    is the slowest thing matplotlib draws). The line is placed at ``xy`` (in
+    is the slowest thing matplotlib draws). Braces that belong to the text
+    (mathtext, ``$e^{{a}}$``) are doubled, as in ``str.format``. The line is placed at ``xy`` (in
     ``xycoords``) plus ``offset`` in points, aligned by ``ha``, on its baseline.
     """
     import string
 
     fig = ax.figure
-    pieces = list(string.Formatter().parse(template))
+    pieces = []
+    for literal, field, spec, conversion in string.Formatter().parse(template):
+        if pieces and pieces[-1][1] is None:  # parse splits a literal at each escaped brace: join it again
+            literal = pieces.pop()[0] + literal
+        pieces.append((literal, field, spec, conversion))
     n_fields = sum(1 for _, field, _, _ in pieces if field is not None)
     if len(widest) != n_fields:
         raise ValueError(f"widest: expected one text per field of {template!r} ({n_fields}), got {list(widest)!r}")
@@ -487,6 +499,25 @@ class _Renderer:
         return _encode_png(self.canvas.buffer_rgba(), self.canvas.get_width_height(physical=True), colors)
 
 
+def _renderer_of(fig) -> _Renderer:
+    renderer = getattr(fig, _RENDERER, None)
+    if renderer is None:
+        renderer = _Renderer(fig)
+        setattr(fig, _RENDERER, renderer)
+    return renderer
+
+
+def keep_background(fig) -> None:
+    """Draw the background of ``fig`` for the present state of its axes and keep it, ahead of need.
+
+    For a drawing function whose updates move an axis limit between a few
+    values: called once per value when it builds the figure, it spares the
+    update that first reaches a value a full drawing (at most 24 pictures are
+    kept per figure).
+    """
+    _renderer_of(fig).draw()
+
+
 def render_png(fig, *, colors: int | None = None) -> bytes:
     """PNG bytes of ``fig`` as it is now, without closing it (the figure of an updatable drawing).
 
@@ -495,11 +526,7 @@ def render_png(fig, *, colors: int | None = None) -> bytes:
     figure with none registered is drawn in full. ``colors``: as
     :func:`figure_png` (``None``, the default, for speed).
     """
-    renderer = getattr(fig, _RENDERER, None)
-    if renderer is None:
-        renderer = _Renderer(fig)
-        setattr(fig, _RENDERER, renderer)
-    return renderer.png(colors)
+    return _renderer_of(fig).png(colors)
 
 
 # ----------------------------------------------------------------------------- drawing functions
@@ -530,6 +557,9 @@ def _updates_in_place(draw) -> bool:
 
 def _live_update_of(draw, in_place: bool) -> str:
     update = getattr(draw, "live_update", None)
+    while update is None and isinstance(getattr(draw, "func", None), Callable):  # functools.partial(draw, ...)
+        draw = draw.func
+        update = getattr(draw, "live_update", None)
     if update is None:
         return "continuous" if in_place else "release"
     if update not in LIVE_UPDATES:
