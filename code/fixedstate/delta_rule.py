@@ -515,11 +515,31 @@ def _chunk_decays(alpha, decay=None, q=None, k=None, qk=None, kk=None):
 
 
 def _unit_lower_inverse(a):
-    """(I + A)^{-1} for A the strictly lower part of ``a`` (N, C, C), by doubling blocks."""
+    """(I + A)^{-1} for A the strictly lower part of ``a`` (N, C, C), by doubling blocks.
+
+    The blocks of 4 on the diagonal are written entry by entry (forward
+    substitution, each entry one array over all blocks); from there the blocks
+    double by products.
+    """
     N, C, _ = a.shape
     inv = np.zeros((N, C, C), dtype=a.dtype)
     inv.reshape(N, C * C)[:, ::C + 1] = 1.0
+    first = 1
+    if C >= 4:
+        item = a.itemsize
+        strides = (C * C * item, 4 * (C + 1) * item, C * item, item)     # the (N, C/4, 4, 4) diagonal blocks
+        d = np.ndarray((N, C // 4, 4, 4), a.dtype, a, strides=strides)
+        t = np.ndarray((N, C // 4, 4, 4), a.dtype, inv, strides=strides)
+        for r in range(1, 4):                                             # t_rc = -(a_rc + sum_{c<j<r} a_rj t_jc)
+            for c in range(r - 1, -1, -1):
+                acc = t[..., r, c]
+                np.multiply(d[..., r, c], -1.0, out=acc)
+                for j in range(c + 1, r):
+                    acc -= d[..., r, j] * t[..., j, c]
+        first = 4
     for h in _levels(C):
+        if h < first:
+            continue
         a_gf = _blocks(a, h, h, 0)
         t_gf = _blocks(inv, h, h, 0)
         # (np.multiply by -1, not np.negative: numpy 2.4's negative misreads some strided views)
