@@ -27,7 +27,14 @@ def test_forms_use_one_blas_thread_and_restore_the_callers_setting(monkeypatch, 
         seen.append(max(blas_threads()))
         return real_matmul(*args, **kwargs)
 
+    real_matmul_add = dr._matmul_add
+
+    def watching_matmul_add(*args, **kwargs):
+        seen.append(max(blas_threads()))
+        return real_matmul_add(*args, **kwargs)
+
     monkeypatch.setattr(dr, "_matmul", watching_matmul)
+    monkeypatch.setattr(dr, "_matmul_add", watching_matmul_add)
     rng = np.random.default_rng(0)
     T, d = 40, 4
     q, k, v = rng.standard_normal((3, T, d))

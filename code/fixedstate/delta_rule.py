@@ -64,6 +64,7 @@ import math
 import numbers
 
 import numpy as np
+from scipy.linalg import blas as scipy_blas
 from scipy.linalg import solve_triangular
 from scipy.special import expit
 
@@ -458,7 +459,39 @@ def gated_delta_rule_chunk(q, k, v, *, beta, log_gate, scale=1.0, initial_state=
 # of its halves. Chunks that are not a power of two long get padding tokens (key 0,
 # beta 0, log-decay 0) at their end, which change nothing.
 
-_matmul = np.matmul   # every matrix product of the chunkwise form goes through this name (a test counts them)
+_matmul = np.matmul   # every matrix product of the chunkwise form goes through this name or _matmul_add
+_GEMM = {np.dtype(np.float32): scipy_blas.sgemm, np.dtype(np.float64): scipy_blas.dgemm}
+
+
+def _fortran(x):
+    """``(y, trans)`` with ``y`` F-contiguous and ``op(y) = x^T`` for BLAS, or None if x is neither layout."""
+    if x.flags.c_contiguous:
+        return x.T, 0
+    if x.flags.f_contiguous:
+        return x, 1
+    return None
+
+
+def _matmul_add(a, b, out, keep):
+    """``out <- keep * out + a @ b`` for 2-D arrays in one BLAS call (gemm's beta), ``out`` C-contiguous.
+
+    A state update ``S <- g S + K^T U`` without the two passes over ``S`` that
+    scaling it and adding the product would take. Counted like a product of
+    ``a`` and ``b``.
+    """
+    gemm = _GEMM.get(out.dtype)
+    fa, fb = _fortran(a), _fortran(b)
+    if gemm is None or fa is None or fb is None or not out.flags.c_contiguous or a.dtype != out.dtype \
+            or b.dtype != out.dtype:
+        out *= keep
+        out += np.matmul(a, b)
+        return out
+    # in Fortran's column-major view out is out^T: out^T <- keep out^T + b^T a^T
+    (y_b, trans_b), (y_a, trans_a) = fb, fa
+    res = gemm(1.0, y_b, y_a, beta=float(keep), c=out.T, trans_a=trans_b, trans_b=trans_a, overwrite_c=1)
+    if not np.shares_memory(res, out):
+        out[...] = res.T
+    return out
 
 
 def _levels(C):
@@ -630,8 +663,11 @@ def _state_pass(q, k, v, beta, qk, ut, gamma, to_end, S, channelwise):
         for j in range(g):
             _matmul(reads[0, j], S2, out=read[0, j])
             np.subtract(u_free[0, j], read[0, j, :C], out=u[0, j])               # U = U~ - W S
-            S2 *= decay_last[0, j]                                                # eq-dr-chunk-state
-            S2 += _matmul(k_out_t[0, j], u[0, j], out=write2)
+            if channelwise:                                                       # eq-dr-chunk-state
+                S2 *= decay_last[0, j]
+                S2 += _matmul(k_out_t[0, j], u[0, j], out=write2)
+            else:                                                                 # S <- g S + K_out^T U, one call
+                _matmul_add(k_out_t[0, j], u[0, j], S2, decay_last[0, j, 0, 0])
     else:
         for j in range(g):
             _matmul(reads[:, j], S, out=read[:, j])
