@@ -169,9 +169,9 @@ def test_chunkwise_flops_count_the_products_the_forms_call(monkeypatch, layer, T
 
     real_matmul_add = dr._matmul_add
 
-    def counting_matmul_add(a, b, out, keep):                # out <- keep * out + a @ b, a 2-D product
+    def counting_matmul_add(a, b, out, keep, sign=1.0):      # out <- keep * out + sign * (a @ b), a 2-D product
         counted.append(2 * a.shape[0] * a.shape[1] * b.shape[1])
-        return real_matmul_add(a, b, out, keep)
+        return real_matmul_add(a, b, out, keep, sign)
 
     monkeypatch.setattr(dr, "_matmul", counting_matmul)
     monkeypatch.setattr(dr, "_matmul_add", counting_matmul_add)

@@ -472,23 +472,23 @@ def _fortran(x):
     return None
 
 
-def _matmul_add(a, b, out, keep):
-    """``out <- keep * out + a @ b`` for 2-D arrays in one BLAS call (gemm's beta), ``out`` C-contiguous.
+def _matmul_add(a, b, out, keep, sign=1.0):
+    """``out <- keep * out + sign * (a @ b)`` for 2-D arrays in one BLAS call (gemm's alpha and beta).
 
-    A state update ``S <- g S + K^T U`` without the two passes over ``S`` that
-    scaling it and adding the product would take. Counted like a product of
-    ``a`` and ``b``.
+    ``out`` C-contiguous. A state update ``S <- g S + K^T U`` or ``U <- U~ - W S``
+    without the passes over the result that scaling, adding or subtracting
+    would take. Counted like a product of ``a`` and ``b``.
     """
     gemm = _GEMM.get(out.dtype)
     fa, fb = _fortran(a), _fortran(b)
     if gemm is None or fa is None or fb is None or not out.flags.c_contiguous or a.dtype != out.dtype \
             or b.dtype != out.dtype:
         out *= keep
-        out += np.matmul(a, b)
+        out += sign * np.matmul(a, b)
         return out
-    # in Fortran's column-major view out is out^T: out^T <- keep out^T + b^T a^T
+    # in Fortran's column-major view out is out^T: out^T <- keep out^T + sign b^T a^T
     (y_b, trans_b), (y_a, trans_a) = fb, fa
-    res = gemm(1.0, y_b, y_a, beta=float(keep), c=out.T, trans_a=trans_b, trans_b=trans_a, overwrite_c=1)
+    res = gemm(float(sign), y_b, y_a, beta=float(keep), c=out.T, trans_a=trans_b, trans_b=trans_a, overwrite_c=1)
     if not np.shares_memory(res, out):
         out[...] = res.T
     return out
@@ -658,16 +658,18 @@ def _state_pass(q, k, v, beta, qk, ut, gamma, to_end, S, channelwise):
     read = np.empty((B, g, 2 * C, d_v), dtype=dtype)                             # [W S; Gamma Q S]
     u = np.empty((B, g, C, d_v), dtype=dtype)
     write = np.empty((B, d_k, d_v), dtype=dtype)
-    if B == 1:  # one sequence: plain matrix products
+    if B == 1:  # one sequence: plain matrix products, the subtraction and the decay inside them
         S2, write2 = S[0], write[0]
+        u = u_free
         for j in range(g):
-            _matmul(reads[0, j], S2, out=read[0, j])
-            np.subtract(u_free[0, j], read[0, j, :C], out=u[0, j])               # U = U~ - W S
+            u_j = u[0, j]
+            _matmul_add(reads[0, j, :C], S2, u_j, 1.0, -1.0)                     # U = U~ - W S, in place
+            _matmul(reads[0, j, C:], S2, out=read[0, j, C:])                      # Gamma Q S
             if channelwise:                                                       # eq-dr-chunk-state
                 S2 *= decay_last[0, j]
-                S2 += _matmul(k_out_t[0, j], u[0, j], out=write2)
+                S2 += _matmul(k_out_t[0, j], u_j, out=write2)
             else:                                                                 # S <- g S + K_out^T U, one call
-                _matmul_add(k_out_t[0, j], u[0, j], S2, decay_last[0, j, 0, 0])
+                _matmul_add(k_out_t[0, j], u_j, S2, decay_last[0, j, 0, 0])
     else:
         for j in range(g):
             _matmul(reads[:, j], S, out=read[:, j])
