@@ -460,7 +460,10 @@ def gated_delta_rule_chunk(q, k, v, *, beta, log_gate, scale=1.0, initial_state=
 # beta 0, log-decay 0) at their end, which change nothing.
 
 _matmul = np.matmul   # every matrix product of the chunkwise form goes through this name or _matmul_add
-_GEMM = {np.dtype(np.float32): scipy_blas.sgemm, np.dtype(np.float64): scipy_blas.dgemm}
+# The products that _matmul_add does in one gemm call. scipy's BLAS (its own OpenBLAS build) is
+# used for float64 only: in float32 its gemm ran about a fifth slower than numpy's on these shapes
+# (64 to 128 rows and columns), more than the passes over the result that it saves.
+_GEMM = {np.dtype(np.float64): scipy_blas.dgemm}
 
 
 def _fortran(x):
@@ -483,8 +486,12 @@ def _matmul_add(a, b, out, keep, sign=1.0):
     fa, fb = _fortran(a), _fortran(b)
     if gemm is None or fa is None or fb is None or not out.flags.c_contiguous or a.dtype != out.dtype \
             or b.dtype != out.dtype:
-        out *= keep
-        out += sign * np.matmul(a, b)
+        product = np.matmul(a, b)
+        if keep != 1.0:
+            out *= keep
+        if sign != 1.0:
+            product *= sign
+        out += product
         return out
     # in Fortran's column-major view out is out^T: out^T <- keep out^T + sign b^T a^T
     (y_b, trans_b), (y_a, trans_a) = fb, fa
@@ -658,18 +665,16 @@ def _state_pass(q, k, v, beta, qk, ut, gamma, to_end, S, channelwise):
     read = np.empty((B, g, 2 * C, d_v), dtype=dtype)                             # [W S; Gamma Q S]
     u = np.empty((B, g, C, d_v), dtype=dtype)
     write = np.empty((B, d_k, d_v), dtype=dtype)
-    if B == 1:  # one sequence: plain matrix products, the subtraction and the decay inside them
+    if B == 1:  # one sequence: plain matrix products
         S2, write2 = S[0], write[0]
-        u = u_free
         for j in range(g):
-            u_j = u[0, j]
-            _matmul_add(reads[0, j, :C], S2, u_j, 1.0, -1.0)                     # U = U~ - W S, in place
-            _matmul(reads[0, j, C:], S2, out=read[0, j, C:])                      # Gamma Q S
+            _matmul(reads[0, j], S2, out=read[0, j])
+            np.subtract(u_free[0, j], read[0, j, :C], out=u[0, j])               # U = U~ - W S
             if channelwise:                                                       # eq-dr-chunk-state
                 S2 *= decay_last[0, j]
-                S2 += _matmul(k_out_t[0, j], u_j, out=write2)
-            else:                                                                 # S <- g S + K_out^T U, one call
-                _matmul_add(k_out_t[0, j], u_j, S2, decay_last[0, j, 0, 0])
+                S2 += _matmul(k_out_t[0, j], u[0, j], out=write2)
+            else:                                                                 # S <- g S + K_out^T U
+                _matmul_add(k_out_t[0, j], u[0, j], S2, decay_last[0, j, 0, 0])
     else:
         for j in range(g):
             _matmul(reads[:, j], S, out=read[:, j])
