@@ -92,3 +92,11 @@ def test_chunkwise_table_rows_run_under_the_callers_threads_and_under_one_thread
     default, one = table["rows"]
     assert default["threads"] is None and default["blas_threads"] == [2] * len(blas.lib_controllers)
     assert one["threads"] == 1 and one["blas_threads"] == [1] * len(blas.lib_controllers)
+
+
+def test_chunkwise_table_measures_the_rate_in_turns_with_the_forms():
+    table = timing.chunkwise_table(32, 4, layers=("gated",), dtypes=(np.float32,), threads=(1,), chunk_size=8,
+                                   repeats=1, rounds=2)
+    (row,) = table["rows"]
+    assert table["rates"]["float32"] > 0 and row["rate"] > 0
+    assert row["limit"] == pytest.approx(row["flops"] / row["rate"])

@@ -164,11 +164,16 @@ def chunkwise_table(T=4096, d=128, *, layers=("delta", "gated", "kda"), dtypes=(
     :func:`time_forms` at
     ``T`` tokens, ``d_k = d_v = d``, one head. The GEMM limit is the time the
     chunkwise form's matrix products (``flops``) would take at the measured rate
-    of large products with one thread, ``rates[dtype]`` (:func:`gemm_rate`,
-    measured here when not given): no form that does those products can be faster.
+    of large products with one thread (:func:`gemm_rate`): when ``rates`` is not
+    given, it is measured after each round of each row, in turns with the forms
+    so that other work on the machine falls on both, and a row's limit uses the
+    median of its own rounds; otherwise ``rates[dtype]``. No form that does those
+    products can be faster on one core. Each row's times are the medians over
+    ``rounds`` rounds of :func:`time_forms` (the fastest of ``repeats`` runs).
 
     Returns a dict: ``rates`` (dtype name -> FLOP/s), ``rows`` (one dict per
-    configuration: ``layer``, ``dtype``, ``threads``, ``blas_threads`` (the
+    configuration: ``layer``, ``dtype``, ``threads``, ``rate`` (the GEMM rate its
+    limit uses, FLOP/s), ``blas_threads`` (the
     thread count of each BLAS library when the runs started, as threadpoolctl
     reads it), ``recurrent``, ``chunkwise``,
     ``limit`` (seconds), ``flops``, ``speedup`` (recurrent / chunkwise),
@@ -176,24 +181,34 @@ def chunkwise_table(T=4096, d=128, *, layers=("delta", "gated", "kda"), dtypes=(
     settings ``T``, ``d``, ``chunk_size``, ``repeats``, ``rounds``.
     """
     dtypes = [np.dtype(x) for x in dtypes]
-    if rates is None:
-        rates = {dt.name: float(np.median([gemm_rate(dt, repeats=repeats) for _ in range(rounds)])) for dt in dtypes}
+    measured = {dt.name: [] for dt in dtypes} if rates is None else None
     rows = []
     for layer in layers:
         for dt in dtypes:
             for th in threads:
                 # None: nothing is changed, the forms meet the caller's threads; a number: set here with
                 # threadpoolctl's own context around the runs (not the package's limiter), restored after
-                with contextlib.nullcontext() if th is None else threadpool_limits(limits=th, user_api="blas"):
-                    in_force = _blas_thread_counts()
-                    r = time_forms(T, d, d, dtype=dt, chunk_size=chunk_size, repeats=repeats, layer=layer,
-                                   rounds=rounds, blas_threads=None)
-                limit = r["flops"] / rates[dt.name]
-                rows.append({"layer": layer, "dtype": dt.name, "threads": th, "blas_threads": in_force,
+                runs, row_rates = [], []
+                for _ in range(rounds):
+                    with contextlib.nullcontext() if th is None else threadpool_limits(limits=th, user_api="blas"):
+                        in_force = _blas_thread_counts()
+                        runs.append(time_forms(T, d, d, dtype=dt, chunk_size=chunk_size, repeats=repeats,
+                                               layer=layer, blas_threads=None))
+                    if measured is not None:   # the rate in turns with the forms: other work falls on both
+                        row_rates.append(gemm_rate(dt, repeats=repeats))
+                        measured[dt.name].append(row_rates[-1])
+                r = {key: float(np.median([x[key] for x in runs])) for key in ("recurrent", "chunkwise")}
+                r.update(flops=runs[0]["flops"], ratio=r["recurrent"] / r["chunkwise"],
+                         max_rel_diff=max(x["max_rel_diff"] for x in runs))
+                rate = float(np.median(row_rates)) if measured is not None else rates[dt.name]
+                limit = r["flops"] / rate
+                rows.append({"layer": layer, "dtype": dt.name, "threads": th, "blas_threads": in_force, "rate": rate,
                              "recurrent": r["recurrent"],
                              "chunkwise": r["chunkwise"], "limit": limit, "flops": r["flops"],
                              "speedup": r["ratio"], "recurrent_vs_limit": r["recurrent"] / limit,
                              "chunkwise_vs_limit": r["chunkwise"] / limit, "max_rel_diff": r["max_rel_diff"]})
+    if measured is not None:
+        rates = {name: float(np.median(values)) for name, values in measured.items()}
     return {"rates": rates, "rows": rows, "T": T, "d": d, "chunk_size": chunk_size, "repeats": repeats,
             "rounds": rounds}
 
