@@ -4,7 +4,8 @@ At T = 4096, d_k = d_v = 128, one head, chunk 64, in float64 and float32, for
 DeltaNet, Gated DeltaNet and KDA: the recurrence (``*_recurrent``, a numpy loop
 over tokens, vectorised over the state), the chunkwise form (``*_chunkwise``)
 and the GEMM limit, the time the chunkwise form's matrix products would take at
-this machine's rate for large products with one BLAS thread. The FLOPs are
+this machine's rate for large products with one BLAS thread (measured in turns
+with the forms, so that other work on the machine falls on both). The FLOPs are
 counted by ``fixedstate.costs.delta_rule_chunkwise_flops``, which a test checks
 against the products the forms actually call. Every configuration runs twice:
 under the BLAS threads this process starts with (the library's default; this
@@ -151,8 +152,10 @@ def main(argv=None):
           + (f"; set in the environment: {thread_vars}" if thread_vars else ""))
     table = chunkwise_table(T, d, repeats=args.repeats, rounds=args.rounds)
     rates = table["rates"]
-    print("GEMM rate, one BLAS thread, (1024 x 1024) @ (1024 x 1024): "
-          + ", ".join(f"{name} {rate / 1e9:.1f} GFLOP/s" for name, rate in rates.items()))
+    print("GEMM rate, one BLAS thread, (1024 x 1024) @ (1024 x 1024), measured after every round of every row "
+          "(each row's limit uses the median of its own rounds; here the median of all): "
+          + ", ".join(f"{name} {rate / 1e9:.1f} GFLOP/s" for name, rate in rates.items())
+          + f"; load average {os.getloadavg()[0]:.1f}")
     flops = {r["layer"]: r["flops"] for r in table["rows"]}
     print(f"T = {T}, d_k = d_v = {d}, one head, chunk {table['chunk_size']}; each time is the median of "
           f"{args.rounds} rounds of the fastest of {args.repeats} runs")

@@ -678,3 +678,23 @@ def test_step_log_gate_is_checked(bad):
         dr.gated_delta_rule_step(x, x, x, beta=0.5, log_gate=bad)
     with pytest.raises(ValueError, match="^log_gate"):
         dr.kda_step(x, x, x, beta=0.5, log_gate=np.array([-0.1, bad]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["c", "transposed", "strided"])
+def test_matmul_add_is_keep_times_out_plus_the_signed_product(dtype, layout):
+    # the one-call update of the chunkwise forms (gemm's alpha and beta), against numpy, in every operand layout
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((6, 5)).astype(dtype)
+    b = rng.standard_normal((5, 4)).astype(dtype)
+    if layout == "transposed":
+        a, b = np.ascontiguousarray(a.T).T, np.ascontiguousarray(b.T).T
+    elif layout == "strided":
+        a = np.repeat(a, 2, axis=1)[:, ::2]
+    out = rng.standard_normal((6, 4)).astype(dtype)
+    for keep, sign in ((0.5, 1.0), (1.0, -1.0), (0.0, 1.0)):
+        expected = keep * out.astype(np.float64) + sign * (a.astype(np.float64) @ b.astype(np.float64))
+        res = dr._matmul_add(a, b, out, keep, sign)
+        assert res is out and out.dtype == dtype
+        tol = 1e-5 if dtype == np.float32 else 1e-13
+        assert np.max(np.abs(out - expected)) <= tol * max(1.0, np.max(np.abs(expected)))

@@ -27,7 +27,14 @@ def test_forms_use_one_blas_thread_and_restore_the_callers_setting(monkeypatch, 
         seen.append(max(blas_threads()))
         return real_matmul(*args, **kwargs)
 
+    real_matmul_add = dr._matmul_add
+
+    def watching_matmul_add(*args, **kwargs):
+        seen.append(max(blas_threads()))
+        return real_matmul_add(*args, **kwargs)
+
     monkeypatch.setattr(dr, "_matmul", watching_matmul)
+    monkeypatch.setattr(dr, "_matmul_add", watching_matmul_add)
     rng = np.random.default_rng(0)
     T, d = 40, 4
     q, k, v = rng.standard_normal((3, T, d))
@@ -53,3 +60,108 @@ def test_the_setting_is_restored_after_an_error():
         with pytest.raises(RuntimeError, match="inside"):
             fails()
         assert blas_threads() == before
+
+
+class _FakeBLAS:
+    """A stand-in for a BLAS library's controller: one process-wide count, as a real BLAS has."""
+
+    def __init__(self, path, threads):
+        self.filepath, self.threads, self.changes = path, threads, 0
+
+    def get_num_threads(self):
+        return self.threads
+
+    def set_num_threads(self, n):
+        self.threads, self.changes = n, self.changes + 1
+
+
+def test_overlapping_sections_from_several_python_threads_keep_the_limit_and_restore_the_setting(monkeypatch):
+    # Four Python threads enter and leave (nested) sections over and over, overlapping in every order.
+    # Inside any section every library has one thread; when all have ended, the caller's counts are back.
+    # (Fake libraries: some OpenBLAS builds ignore a count set from a thread other than the main one.)
+    import threading
+
+    from fixedstate import _threads
+    libs = [_FakeBLAS("a.so", 3), _FakeBLAS("b.so", 2)]
+    monkeypatch.setattr(_threads, "_scan", lambda: libs)
+    errors, start = [], threading.Barrier(4)
+
+    def worker(n):
+        start.wait()
+        for i in range(n):
+            with _threads.blas_threads(1):
+                if max(lib.threads for lib in libs) != 1:
+                    errors.append(i)
+                with _threads.blas_threads(1):
+                    if max(lib.threads for lib in libs) != 1:
+                        errors.append(-i)
+
+    workers = [threading.Thread(target=worker, args=(2000,)) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == []
+    assert [lib.threads for lib in libs] == [3, 2]
+    assert not _threads._active and not _threads._saved
+
+
+def test_a_section_ending_while_another_runs_keeps_the_limit(monkeypatch):
+    # A's section starts, B's starts, A's ends: B still runs with the limit; the count returns when B's ends
+    from fixedstate import _threads
+    libs = [_FakeBLAS("a.so", 4)]
+    monkeypatch.setattr(_threads, "_scan", lambda: libs)
+    a, b = _threads.blas_threads(1), _threads.blas_threads(1)
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    assert libs[0].threads == 1
+    b.__exit__(None, None, None)
+    assert libs[0].threads == 4
+
+
+@needs_blas
+def test_the_smallest_active_limit_wins_and_the_larger_one_comes_back():
+    from fixedstate._threads import blas_threads as limit
+    with threadpool_limits(4, user_api="blas"):
+        with limit(3):
+            assert max(blas_threads()) == 3
+            with limit(1):
+                assert max(blas_threads()) == 1
+            assert max(blas_threads()) == 3
+            with limit(None):                           # None: the setting as it is
+                assert max(blas_threads()) == 3
+        assert max(blas_threads()) == 4
+
+
+def test_libraries_are_scanned_again_after_an_import(monkeypatch):
+    # a BLAS loaded after the first limited section (say by a later import) is found: the scan is redone
+    import sys
+    import types
+
+    from fixedstate import _threads
+    scans = []
+    real = _threads.ThreadpoolController
+
+    def counting():
+        scans.append(1)
+        return real()
+
+    monkeypatch.setattr(_threads, "ThreadpoolController", counting)
+    with _threads.blas_threads(1):
+        pass
+    n = len(scans)
+    with _threads.blas_threads(1):
+        pass
+    assert len(scans) == n                              # nothing imported: no new scan
+    monkeypatch.setitem(sys.modules, "fixedstate_fake_module_for_the_scan_test", types.ModuleType("fake"))
+    with _threads.blas_threads(1):
+        pass
+    assert len(scans) == n + 1
+
+
+@needs_blas
+def test_entering_a_section_is_cheap_against_a_chunkwise_call():
+    from fixedstate._threads import section_overhead
+    section_overhead(20)
+    assert section_overhead(200) < 2e-4                 # a few microseconds; a chunkwise call takes milliseconds

@@ -78,3 +78,25 @@ def test_gemm_rate_and_chunkwise_table():
         assert r["max_rel_diff"] < 1e-10
     text = timing.format_chunkwise_table(table)
     assert len(text.splitlines()) == 5 and "GEMM limit ms" in text and "default" in text
+
+
+def test_chunkwise_table_rows_run_under_the_callers_threads_and_under_one_thread():
+    from threadpoolctl import ThreadpoolController, threadpool_limits
+    blas = ThreadpoolController().select(user_api="blas")
+    if not blas.lib_controllers:
+        pytest.skip("no BLAS that threadpoolctl can control")
+    with threadpool_limits(2, user_api="blas"):
+        table = timing.chunkwise_table(32, 4, layers=("gated",), dtypes=(np.float64,), chunk_size=8, repeats=1,
+                                       rounds=1, rates={"float64": 1e9})
+        assert [lib.num_threads for lib in blas.lib_controllers] == [2] * len(blas.lib_controllers)
+    default, one = table["rows"]
+    assert default["threads"] is None and default["blas_threads"] == [2] * len(blas.lib_controllers)
+    assert one["threads"] == 1 and one["blas_threads"] == [1] * len(blas.lib_controllers)
+
+
+def test_chunkwise_table_measures_the_rate_in_turns_with_the_forms():
+    table = timing.chunkwise_table(32, 4, layers=("gated",), dtypes=(np.float32,), threads=(1,), chunk_size=8,
+                                   repeats=1, rounds=2)
+    (row,) = table["rows"]
+    assert table["rates"]["float32"] > 0 and row["rate"] > 0
+    assert row["limit"] == pytest.approx(row["flops"] / row["rate"])

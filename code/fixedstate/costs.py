@@ -275,7 +275,8 @@ def delta_rule_chunkwise_flops(seq_len, d_k, d_v, *, chunk_size=64, layer="gated
     - pair products: ``Q K^T`` and ``K K^T``, ``4 C^2 d_k`` (Gated DeltaNet, full
       squares, then masked); KDA's level-by-level products of the pairs below
       the diagonal, ``2 C (C - 1) d_k``;
-    - the UT transform ``(I + A)^{-1}`` by doubling blocks, ``sum over h = 2, 4, ..., C/2 of 2 C h^2``;
+    - the UT transform ``(I + A)^{-1}`` by doubling blocks from the diagonal blocks of 4 (written
+      entry by entry), ``sum over h = 4, 8, ..., C/2 of 2 C h^2``;
     - ``U~ = T diag(beta) V`` and ``W = T diag(beta Gamma) K``: ``2 C^2 (d_k + d_v)``;
     - reading the state, ``[W; Gamma Q] S``: ``4 C d_k d_v``; writing it, ``K_out^T U``: ``2 C d_k d_v``;
     - the outputs inside the chunk, ``(Q K^T) U``: ``2 C^2 d_v``.
@@ -298,7 +299,7 @@ def delta_rule_chunkwise_flops(seq_len, d_k, d_v, *, chunk_size=64, layer="gated
     c = 1 << (chunk - 1).bit_length()
     n_chunks = max(1, -(-t // chunk))
     pairs = 2 * c * (c - 1) * d_k if layer == "kda" else 4 * c * c * d_k
-    inverse = sum(2 * c * h * h for h in (1 << j for j in range(1, c.bit_length() - 1)))
+    inverse = sum(2 * c * h * h for h in (1 << j for j in range(2, c.bit_length() - 1)))
     per_chunk = (pairs + inverse + 2 * c * c * (d_k + d_v)
                  + 4 * c * d_k * d_v + 2 * c * d_k * d_v + 2 * c * c * d_v)
     return batch * n_chunks * per_chunk

@@ -21,9 +21,11 @@ runs, it is their median.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from . import delta_rule as dr
 from ._threads import blas_threads as _blas_threads
@@ -157,35 +159,63 @@ def chunkwise_table(T=4096, d=128, *, layers=("delta", "gated", "kda"), dtypes=(
     """The recurrent and chunkwise forms of each layer against the GEMM limit (``make bench``, chapter {ref}`chap-delta-rule`).
 
     For each layer, dtype and BLAS thread setting (None: the caller's setting,
-    the library's default unless the caller changed it; 1: one thread, set with
-    threadpoolctl around the calls), :func:`time_forms` at
+    the library's default unless the caller changed it, left as it is; 1: one
+    thread, set with ``threadpoolctl.threadpool_limits`` around the runs),
+    :func:`time_forms` at
     ``T`` tokens, ``d_k = d_v = d``, one head. The GEMM limit is the time the
     chunkwise form's matrix products (``flops``) would take at the measured rate
-    of large products with one thread, ``rates[dtype]`` (:func:`gemm_rate`,
-    measured here when not given): no form that does those products can be faster.
+    of large products with one thread (:func:`gemm_rate`): when ``rates`` is not
+    given, it is measured after each round of each row, in turns with the forms
+    so that other work on the machine falls on both, and a row's limit uses the
+    median of its own rounds; otherwise ``rates[dtype]``. No form that does those
+    products can be faster on one core. Each row's times are the medians over
+    ``rounds`` rounds of :func:`time_forms` (the fastest of ``repeats`` runs).
 
     Returns a dict: ``rates`` (dtype name -> FLOP/s), ``rows`` (one dict per
-    configuration: ``layer``, ``dtype``, ``threads``, ``recurrent``, ``chunkwise``,
+    configuration: ``layer``, ``dtype``, ``threads``, ``rate`` (the GEMM rate its
+    limit uses, FLOP/s), ``blas_threads`` (the
+    thread count of each BLAS library when the runs started, as threadpoolctl
+    reads it), ``recurrent``, ``chunkwise``,
     ``limit`` (seconds), ``flops``, ``speedup`` (recurrent / chunkwise),
     ``recurrent_vs_limit`` and ``chunkwise_vs_limit`` (time / limit)) and the
     settings ``T``, ``d``, ``chunk_size``, ``repeats``, ``rounds``.
     """
     dtypes = [np.dtype(x) for x in dtypes]
-    if rates is None:
-        rates = {dt.name: float(np.median([gemm_rate(dt, repeats=repeats) for _ in range(rounds)])) for dt in dtypes}
+    measured = {dt.name: [] for dt in dtypes} if rates is None else None
     rows = []
     for layer in layers:
         for dt in dtypes:
             for th in threads:
-                r = time_forms(T, d, d, dtype=dt, chunk_size=chunk_size, repeats=repeats, layer=layer,
-                               rounds=rounds, blas_threads=th)
-                limit = r["flops"] / rates[dt.name]
-                rows.append({"layer": layer, "dtype": dt.name, "threads": th, "recurrent": r["recurrent"],
+                # None: nothing is changed, the forms meet the caller's threads; a number: set here with
+                # threadpoolctl's own context around the runs (not the package's limiter), restored after
+                runs, row_rates = [], []
+                for _ in range(rounds):
+                    with contextlib.nullcontext() if th is None else threadpool_limits(limits=th, user_api="blas"):
+                        in_force = _blas_thread_counts()
+                        runs.append(time_forms(T, d, d, dtype=dt, chunk_size=chunk_size, repeats=repeats,
+                                               layer=layer, blas_threads=None))
+                    if measured is not None:   # the rate in turns with the forms: other work falls on both
+                        row_rates.append(gemm_rate(dt, repeats=repeats))
+                        measured[dt.name].append(row_rates[-1])
+                r = {key: float(np.median([x[key] for x in runs])) for key in ("recurrent", "chunkwise")}
+                r.update(flops=runs[0]["flops"], ratio=r["recurrent"] / r["chunkwise"],
+                         max_rel_diff=max(x["max_rel_diff"] for x in runs))
+                rate = float(np.median(row_rates)) if measured is not None else rates[dt.name]
+                limit = r["flops"] / rate
+                rows.append({"layer": layer, "dtype": dt.name, "threads": th, "blas_threads": in_force, "rate": rate,
+                             "recurrent": r["recurrent"],
                              "chunkwise": r["chunkwise"], "limit": limit, "flops": r["flops"],
                              "speedup": r["ratio"], "recurrent_vs_limit": r["recurrent"] / limit,
                              "chunkwise_vs_limit": r["chunkwise"] / limit, "max_rel_diff": r["max_rel_diff"]})
+    if measured is not None:
+        rates = {name: float(np.median(values)) for name, values in measured.items()}
     return {"rates": rates, "rows": rows, "T": T, "d": d, "chunk_size": chunk_size, "repeats": repeats,
             "rounds": rounds}
+
+
+def _blas_thread_counts():
+    """The thread count of each BLAS library loaded, as threadpoolctl reads it now."""
+    return [lib["num_threads"] for lib in threadpool_info() if lib.get("user_api") == "blas"]
 
 
 def format_chunkwise_table(table) -> str:
@@ -194,6 +224,8 @@ def format_chunkwise_table(table) -> str:
              f"{'GEMM limit ms':>15}{'rec/limit':>11}{'chunk/limit':>13}{'rec/chunk':>11}"]
     for r in table["rows"]:
         threads = "default" if r["threads"] is None else str(r["threads"])
+        if r.get("blas_threads"):
+            threads += f" ({max(r['blas_threads'])})"     # the count in force
         lines.append(f"{r['layer']:<7}{r['dtype']:<9}{threads:>13}{1e3 * r['recurrent']:>14.1f}"
                      f"{1e3 * r['chunkwise']:>14.1f}{1e3 * r['limit']:>15.1f}{r['recurrent_vs_limit']:>11.2f}"
                      f"{r['chunkwise_vs_limit']:>13.2f}{r['speedup']:>11.2f}")

@@ -225,8 +225,7 @@ class KernelSession:
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(MPLBACKEND="Agg", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   PYDEVD_DISABLE_FILE_VALIDATION="1", FIXEDSTATE_GRADING="1",
+        env.update(MPLBACKEND="Agg", PYDEVD_DISABLE_FILE_VALIDATION="1", FIXEDSTATE_GRADING="1",
                    IPYTHONDIR=str(self.scratch / "ipython"), PYTHONDONTWRITEBYTECODE="1")
         for key in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
             env.pop(key, None)
