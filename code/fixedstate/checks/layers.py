@@ -15,6 +15,8 @@ block (equation ``eq-sl-mamba2``) written from the blocks, compared with
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 
 from .. import layers as fl
@@ -95,7 +97,8 @@ def check_split_qkvz(split_qkvz) -> CheckResult:
                 raise Failure(f"on {case}: expected four arrays (W_q, W_k, W_v, W_z), got {len(got)}")
             for name, g in zip(("W_q", "W_k", "W_v", "W_z"), got):
                 e = expected[name]
-                if g.shape == e.shape[::-1] and g.shape != e.shape:
+                transposed = g.shape != e.shape or (np.array_equal(g, e.T) and not np.array_equal(g, e))
+                if g.shape == e.shape[::-1] and transposed:
                     raise Failure(f"on {case}: {name} has shape {g.shape}, the transpose of the expected "
                                   f"{e.shape}: nn.Linear stores (d_out, d_in); the book's matrices are "
                                   "(d_in, d_out)")
@@ -140,8 +143,16 @@ def _mamba2_slips(p, x, cache):
     """What the likely slips give: pairs (what went wrong, y)."""
     no_skip = dict(p, D=np.zeros_like(p["D"]))
     one_weight = dict(p, norm_weight=np.ones_like(p["norm_weight"]))
+    gated_rms_norm = fl.blocks.gated_rms_norm
+
+    def norm_then_gate(*args, **kwargs):
+        return gated_rms_norm(*args, **dict(kwargs, norm_before_gate=True))
+
+    with mock.patch.object(fl.blocks, "gated_rms_norm", norm_then_gate):
+        y_norm_first = fl.mamba2_block_step(p, x, cache)[0]
     return [("the skip D x is missing: y = S^T C + D x per head", fl.mamba2_block_step(no_skip, x, cache)[0]),
-            ("the norm's weight (params['norm_weight']) is missing", fl.mamba2_block_step(one_weight, x, cache)[0])]
+            ("the norm's weight (params['norm_weight']) is missing", fl.mamba2_block_step(one_weight, x, cache)[0]),
+            ("the gate comes after the norm; Mamba-2 gates first: RMSNorm(y * SiLU(z)) per group", y_norm_first)]
 
 
 def check_mamba2_step(mamba2_step) -> CheckResult:

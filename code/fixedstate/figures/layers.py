@@ -5,7 +5,7 @@ boxes and arrows: the input at the bottom, the output at the top, the main
 path (projection, short convolution, core, norm, output projection) in the
 middle column and the gates on the sides. The boxes are coloured by kind:
 projections, the short convolution, the recurrent core, norms, and gates or
-activations. The shapes printed beside each box are those of one token.
+activations. Where a box names a shape, it is that of one token (or of a state).
 """
 
 from __future__ import annotations
