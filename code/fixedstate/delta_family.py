@@ -1,6 +1,6 @@
 """The delta rule's relatives: DeltaProduct, RWKV-7, Longhorn, and parity with negative eigenvalues.
 
-Chapter "One family, one algorithm" (``chap-family``). Every layer keeps a state
+Chapter "One family, one algorithm" (``chap-one-family``). Every layer keeps a state
 ``S`` of shape ``(d_k, d_v)`` (the book's orientation: a write is ``k v^T``, a
 read is ``S^T q``), and each update is ``S_t = M_t S_{t-1} + (write)`` with a
 ``(d_k, d_k)`` transition ``M_t`` acting on the key side:

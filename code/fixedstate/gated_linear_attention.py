@@ -1,6 +1,6 @@
 """Gated linear attention: linear attention with a decay, scalar or per key channel.
 
-Chapter "One family, one algorithm" (``chap-family``). The layers here keep a
+Chapter "One family, one algorithm" (``chap-one-family``). The layers here keep a
 state ``S`` of shape ``(d_k, d_v)`` (the book's orientation: a write is
 ``k v^T``, a read is ``S^T q``) and update it once per token with
 

@@ -772,7 +772,7 @@ def ssd_chunk(x, delta, a, B, C, *, D=None, initial_state=None):
 
 
 def ssd_chunkwise(x, delta, a, B, C, *, D=None, initial_state=None, chunk_size=64):
-    """Mamba-2's chunked SSD algorithm for the whole sequence (``eq-ssm-ssd-chunk-out``, ``eq-ssm-ssd-chunk-state``): ``(y, S)``.
+    """Mamba-2's chunked SSD algorithm for the whole sequence (``eq-fam-ssd-diag`` to ``eq-fam-ssd-read``): ``(y, S)``.
 
     The sequence is cut into chunks of ``chunk_size`` tokens (the last one may
     be shorter; it is padded with tokens that neither decay, write nor read),
@@ -780,16 +780,19 @@ def ssd_chunkwise(x, delta, a, B, C, *, D=None, initial_state=None, chunk_size=6
     four steps (``g_r = exp(delta_r a)``; inside chunk ``c``, ``Gamma_t`` is the
     decay from the chunk's start through token ``t`` and ``L`` the chunk's mask):
 
-    1. intra-chunk, quadratic, every chunk at once:
+    1. intra-chunk, quadratic, every chunk at once (``eq-fam-ssd-diag``):
        ``Y_intra = (L o C B^T)(delta o X)`` (``eq-ssm-ssd-matrix`` restricted to each chunk);
-    2. chunk states, every chunk at once, each from a zero state:
+    2. chunk states, every chunk at once, each from a zero state (``eq-fam-ssd-states``):
        ``s_c = sum_s L[-1, s] B_s (delta_s x_s)^T``;
-    3. the inter-chunk scalar recurrence ``S_c = G_c S_{c-1} + s_c``
+    3. the inter-chunk scalar recurrence ``S_c = G_c S_{c-1} + s_c`` (``eq-fam-ssd-pass``)
        (``G_c = Gamma_{-1}`` of chunk ``c``, ``S_{-1}`` the initial state),
        solved for all chunks at once as one more (small, ``n_chunks + 1``
        square) semiseparable matrix of decays applied to the stacked states,
        the same structure one level up;
-    4. state to output: ``y_t += Gamma_t S_{c-1}^T C_t`` for the tokens of chunk ``c``.
+    4. state to output: ``y_t += Gamma_t S_{c-1}^T C_t`` for the tokens of chunk ``c`` (``eq-fam-ssd-read``).
+
+    Steps 1, 2 and 4 are :func:`ssd_chunk`'s equations (``eq-ssm-ssd-chunk-out``,
+    ``eq-ssm-ssd-chunk-state``) for every chunk at once.
 
     Every decay is ``exp`` of a sum of log-decays ``a delta_r <= 0`` formed
     segment by segment (:func:`ssd_mask`'s way), so no exponent is positive

@@ -1,4 +1,4 @@
-"""Automatic feedback for the exercises of chapter "One family, one algorithm" (``chap-family``).
+"""Automatic feedback for the exercises of chapter "One family, one algorithm" (``chap-one-family``).
 
 - :func:`check_table_row` for ``ex-fam-place-finch``: a layer (RWKV-6 "Finch")
   placed in the chapter's table, as a dict ``{"transition", "gate", "state_size"}``;
