@@ -182,6 +182,12 @@ def gla_recurrent(q, k, v, *, log_gate, scale=1.0, initial_state=None):
 
 # --------------------------------------------------------------------------- chunkwise form
 
+# The intra-chunk work runs over groups of consecutive chunks whose (tokens x d_k) arrays take
+# about _GROUP_BYTES, so that the level-by-level pair products stay in the processor's cache
+# (the result does not depend on the size).
+_GROUP_BYTES = 256 * 1024
+
+
 @one_blas_thread
 def _chunkwise(q, k, v, log_gate, S, scale, chunk_size):
     """q, k, log_gate: (B, T, d_k); v: (B, T, d_v); S: (B, d_k, d_v) or None."""
@@ -191,37 +197,47 @@ def _chunkwise(q, k, v, log_gate, S, scale, chunk_size):
     C = chunk_size
     C2 = 1 << (C - 1).bit_length()                  # C rounded up to a power of two (the levels need it)
     n = max(1, -(-T // C))
+    N = B * n
 
     def chunks(x, fill=0.0):
         """(B, T, d) -> (B * n, C2, d): n chunks of C tokens, each padded to C2 with ``fill``."""
+        if n * C == T and C2 == C:
+            return np.ascontiguousarray(x).reshape(N, C2, x.shape[-1])
         out = np.full((B, n, C2, x.shape[-1]), fill, dtype=dtype)
         full = (T // C) * C
         out[:, :T // C, :C] = x[:, :full].reshape(B, T // C, C, x.shape[-1])
         if full < T:
             out[:, -1, :T - full] = x[:, full:]
-        return out.reshape(B * n, C2, x.shape[-1])
+        return out.reshape(N, C2, x.shape[-1])
 
     # Padding tokens have q = k = 0 and decay 1: they neither write nor read nor decay.
     qc, kc, vc = chunks(q), chunks(k), chunks(v)
     alpha = chunks(np.exp(log_gate), fill=1.0)                      # per-token decays, exponents <= 0
-    N = B * n
-    qk = np.zeros((N, C2, C2), dtype=dtype)
-    kk = np.zeros((N, C2, C2), dtype=dtype)                         # (the delta rule's; unused here)
-    gamma, to_end = _chunk_decays(alpha, q=qc, k=kc, qk=qk, kk=kk)  # e^{b_r}, e^{b_C - b_i}, (N, C2, d_k)
-    qk.reshape(N, C2 * C2)[:, ::C2 + 1] = np.einsum("nrc,nrc->nr", qc, kc)   # the pairs i = r
-    # eq-fam-gla-chunk-out, intra-chunk part, all chunks at once
-    out = np.matmul(qk, vc)                                          # sum_{i<=r} (q_r o e^{b_r-b_i})^T k_i v_i
-    # eq-fam-gla-chunk-state, what each chunk adds to the state, all chunks at once
-    local = np.matmul((kc * to_end).swapaxes(-1, -2), vc).reshape(B, n, d_k, d_v)
-    decay_last = gamma[:, -1].reshape(B, n, d_k, 1)                  # e^{b_C}
+    out = np.empty((N, C2, d_v), dtype=dtype)
+    local = np.empty((N, d_k, d_v), dtype=dtype)
+    gamma = np.empty((N, C2, d_k), dtype=dtype)
+    group = max(1, _GROUP_BYTES // (C2 * max(d_k, d_v) * dtype.itemsize))
+    for g0 in range(0, N, group):
+        g = slice(g0, min(N, g0 + group))
+        m = g.stop - g0
+        qk = np.zeros((m, C2, C2), dtype=dtype)
+        kk = np.zeros((m, C2, C2), dtype=dtype)                     # (the delta rule's; unused here)
+        # e^{b_r} and e^{b_C - b_i}, and the decayed pair products sum_c q_rc k_ic e^{b_rc - b_ic}, i < r
+        gamma[g], to_end = _chunk_decays(alpha[g], q=qc[g], k=kc[g], qk=qk, kk=kk)
+        qk.reshape(m, C2 * C2)[:, ::C2 + 1] = np.einsum("nrc,nrc->nr", qc[g], kc[g])   # the pairs i = r
+        np.matmul(qk, vc[g], out=out[g])                             # eq-fam-gla-chunk-out, within the chunk
+        np.matmul((kc[g] * to_end).swapaxes(-1, -2), vc[g], out=local[g])   # eq-fam-gla-chunk-state, from zero
     # the only sequential part: carry the state from chunk to chunk
+    local = local.reshape(B, n, d_k, d_v)
+    decay_last = gamma[:, -1].reshape(B, n, d_k, 1)                  # e^{b_C}
     S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
     entering = np.empty((B, n, d_k, d_v), dtype=dtype)
     for j in range(n):
         entering[:, j] = S
         S *= decay_last[:, j]
         S += local[:, j]
-    out += np.matmul(qc * gamma, entering.reshape(N, d_k, d_v))     # (q_r o e^{b_r})^T S_0
+    gamma *= qc                                                      # q_r o e^{b_r}
+    out += np.matmul(gamma, entering.reshape(N, d_k, d_v))           # + (q_r o e^{b_r})^T S_0
     outputs = out.reshape(B, n * C2, d_v) if C2 == C else out.reshape(B, n, C2, d_v)[:, :, :C].reshape(B, n * C, d_v)
     outputs = outputs[:, :T]
     if scale != 1.0:
