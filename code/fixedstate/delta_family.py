@@ -42,25 +42,14 @@ from . import delta_rule as _dr
 from ._threads import one_blas_thread
 from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_interval, check_log_gate,
                         check_positive_int, check_real_number, float_dtype)
-from .gated_linear_attention import gla_recurrent
+from .delta_rule import _flat
+from .gated_linear_attention import _fit, gla_recurrent
 
 __all__ = [
     "deltaproduct_step", "deltaproduct_recurrent", "deltaproduct_chunkwise",
     "rwkv7_step", "rwkv7_recurrent", "longhorn_recurrent",
     "parity_delta_rule", "diagonal_parity_layer", "fit_diagonal_parity", "sign_changes", "parity",
 ]
-
-
-def _fit(arr, dtype, lead, n_core):
-    if arr is None:
-        return None
-    arr = arr.astype(dtype, copy=False)
-    shape = lead + arr.shape[arr.ndim - n_core:]
-    return arr if arr.shape == shape else np.broadcast_to(arr, shape)
-
-
-def _flat(x, lead, n_core):
-    return None if x is None else x.reshape((math.prod(lead),) + x.shape[x.ndim - n_core:])
 
 
 # --------------------------------------------------------------------------- DeltaProduct
@@ -352,9 +341,11 @@ def longhorn_recurrent(q, k, v, *, beta, scale=1.0, initial_state=None):
 
 def _bits(bits):
     arr = np.asarray(bits)
-    if arr.ndim != 1 or arr.size < 1 or arr.dtype.kind not in "biu" or np.any((arr != 0) & (arr != 1)):
-        raise ValueError(f"bits: expected a non-empty 1-d array of 0s and 1s, got "
-                         f"{'shape ' + str(arr.shape) + ' dtype ' + str(arr.dtype) if arr.ndim != 1 or arr.dtype.kind not in 'biu' else 'values ' + str(np.unique(arr)[:4])}")
+    if arr.ndim != 1 or arr.size < 1 or arr.dtype.kind not in "biu":
+        raise ValueError(f"bits: expected a non-empty 1-d array of 0s and 1s (integer or bool), got shape "
+                         f"{arr.shape} and dtype {arr.dtype}")
+    if np.any((arr != 0) & (arr != 1)):
+        raise ValueError(f"bits: expected only 0s and 1s, got the values {np.unique(arr)[:4].tolist()}")
     return arr.astype(np.int64)
 
 

@@ -53,20 +53,19 @@ Forms (they agree to float64 precision; the tests prove it):
   overflow-safe machinery (:func:`fixedstate.delta_rule._chunk_decays`), shared,
   not copied. No exponent is ever positive and no ``1/Gamma`` is formed, so
   log-decays of -100 per token are as safe as -0.01. The intra-chunk part is
-  computed for all chunks at once; only the ``(d_k, d_v)`` state is carried
-  from chunk to chunk.
+  computed for groups of chunks at once (sized to stay in cache); only the
+  ``(d_k, d_v)`` state is carried from chunk to chunk.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ._threads import one_blas_thread
-from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_log_gate, check_positive_int, check_real_number,
-                        float_dtype)
+from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_log_gate, check_positive_int,
+                        check_real_number, float_dtype)
 from .delta_rule import _chunk_decays   # KDA's overflow-safe per-channel pair products, shared with GLA
+from .delta_rule import _flat           # merges the leading axes into one
 
 __all__ = [
     "gla_step", "gla_recurrent", "gla_chunkwise",
@@ -96,20 +95,17 @@ def _prepare(q, k, v, log_gate, scale, initial_state, *, tokens=True):
         items.append(("initial_state", initial_state, 2))
     scale = check_real_number(scale, "scale")
     lead = broadcast_leading(*items)
-
-    def fit(arr, n_core):
-        if arr is None:
-            return None
-        arr = arr.astype(dtype, copy=False)
-        shape = lead + arr.shape[arr.ndim - n_core:]
-        return arr if arr.shape == shape else np.broadcast_to(arr, shape)
-
-    return lead, fit(q, n), fit(k, n), fit(v, n), fit(log_gate, n), fit(initial_state, 2), scale
+    return (lead,) + tuple(_fit(x, dtype, lead, n) for x in (q, k, v, log_gate)) + (
+        _fit(initial_state, dtype, lead, 2), scale)
 
 
-def _flat(x, lead, n_core):
-    """Merge the leading axes into one."""
-    return None if x is None else x.reshape((math.prod(lead),) + x.shape[x.ndim - n_core:])
+def _fit(arr, dtype, lead, n_core):
+    """``arr`` (or None) cast to ``dtype`` and broadcast to the leading axes ``lead`` (a view when possible)."""
+    if arr is None:
+        return None
+    arr = arr.astype(dtype, copy=False)
+    shape = lead + arr.shape[arr.ndim - n_core:]
+    return arr if arr.shape == shape else np.broadcast_to(arr, shape)
 
 
 def _run(form, q, k, v, log_gate, scale, initial_state, *extra):
@@ -286,7 +282,9 @@ def retnet_log_decays(n_heads):
 
 
 def retnet_recurrent(q, k, v, *, log_decay, scale=1.0, initial_state=None):
-    """RetNet's retention, recurrent form: ``S_t = gamma S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t`` (``eq-fam-retnet``).
+    """RetNet's retention, recurrent form (``eq-fam-retnet``).
+
+    ``S_t = gamma S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
 
     ``gamma = exp(log_decay)``, one number per head, constant in time:
     ``log_decay`` is a number or an array ``<= 0`` whose shape broadcasts

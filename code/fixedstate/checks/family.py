@@ -299,7 +299,9 @@ def _interchunk(x, delta, a, B, C, Q, S0, *, scale_values=True, leaving=False, i
 
 
 def check_ssd_interchunk(ssd_interchunk) -> CheckResult:
-    """Check the challenge ``ssd_interchunk(x, delta, a, B, C, chunk_size, initial_state=None) -> (y_state, final_state)``.
+    """Check the challenge ``ssd_interchunk(x, delta, a, B, C, chunk_size, initial_state=None)``.
+
+    It returns ``(y_state, final_state)``.
 
     ``x`` (T, P), ``delta`` (T,), ``a`` < 0, ``B, C`` (T, N). ``y_state`` (T, P)
     is only the contribution of the states *entering* the chunks,
