@@ -214,3 +214,33 @@ def test_leading_axes_broadcast():
         for j in range(3):
             o_ij, S_ij = gla.gla_recurrent(q[i, 0], k2[j], v[i, 0], log_gate=lg[i, 0])
             assert rel_err(o[i, j], o_ij) <= 1e-12 and rel_err(S[i, j], S_ij) <= 1e-12
+
+
+@SETTINGS
+@given(T=st.integers(1, 40), d_k=st.integers(1, 5), d_v=st.integers(1, 4), chunk=st.integers(1, 12),
+       seed=st.integers(0, 10_000), with_init=st.booleans())
+def test_the_reference_loop_and_the_one_chunk_reference_agree_with_the_fast_forms(T, d_k, d_v, chunk, seed,
+                                                                                 with_init):
+    rng = np.random.default_rng(seed)
+    q, k, v, lg = inputs(rng, (), T, d_k, d_v, low=0.05)
+    S0 = rng.standard_normal((d_k, d_v)) if with_init else None
+    o_l, S_l = gla.gla_loop(q, k, v, log_gate=lg, scale=0.5, initial_state=S0)
+    o_c, S_c = gla.gla_chunkwise(q, k, v, log_gate=lg, scale=0.5, initial_state=S0, chunk_size=chunk)
+    assert rel_err(o_c, o_l) <= 1e-12 and rel_err(S_c, S_l) <= 1e-12
+    S, outs = S0, []
+    for start in range(0, T, chunk):                       # the one-chunk reference, chunk after chunk
+        c = slice(start, start + chunk)
+        o, S = gla.gla_chunk(q[c], k[c], v[c], log_gate=lg[c], scale=0.5, initial_state=S)
+        outs.append(o)
+    assert rel_err(np.concatenate(outs), o_l) <= 1e-12 and rel_err(S, S_l) <= 1e-12
+
+
+def test_the_reference_functions_take_one_sequence():
+    rng = np.random.default_rng(12)
+    q, k, v, lg = inputs(rng, (2,), 5, 3, 2)
+    with pytest.raises(ValueError, match="^q"):
+        gla.gla_loop(q, k, v, log_gate=lg)
+    with pytest.raises(ValueError, match="^initial_state"):
+        gla.gla_chunk(q[0], k[0], v[0], log_gate=lg[0], initial_state=np.zeros((2, 3, 2)))
+    with pytest.raises(ValueError, match="^q"):
+        gla.gla_chunk(q[0, :0], k[0, :0], v[0, :0], log_gate=lg[0, :0])

@@ -350,7 +350,7 @@ def _bits(bits):
 
 
 def parity(bits):
-    """The running parity of a bit string: ``p_t = (x_1 + ... + x_t) mod 2``, an int array like ``bits``."""
+    """The running parity of a bit string, ``p_t = (x_1 + ... + x_t) mod 2`` (``eq-fam-parity``), an int array like ``bits``."""
     return np.cumsum(_bits(bits)) % 2
 
 
@@ -438,7 +438,7 @@ def diagonal_parity_layer(bits, *, log_gates, keys, values, query, initial_state
 
 
 def fit_diagonal_parity(bits, log_gates, *, bias=True):
-    """The best a diagonal positive-decay layer with these gates does on parity: ``(accuracy, outputs)``.
+    """The best a diagonal positive-decay layer (``eq-fam-gla``) with these gates does on parity: ``(accuracy, outputs)``.
 
     With the decays fixed (``log_gates`` (2, d_k), row ``x`` for bit ``x``), the
     output of :func:`diagonal_parity_layer` with ``d_v = 1`` is linear in the
@@ -472,7 +472,14 @@ def fit_diagonal_parity(bits, log_gates, *, bias=True):
 
 
 def sign_changes(values, threshold=0.0):
-    """How many times ``values - threshold`` changes sign along its (1-d) axis; exact zeros are skipped."""
+    """How many times ``values - threshold`` changes sign along its (1-d) axis; exact zeros are skipped.
+
+    On a string of ones every entry of a diagonal positive-decay layer's state
+    is monotone (``eq-fam-monotone``), of the form ``u + e alpha^t`` (or
+    ``u + w t``), so a linear readout of ``d_k`` channels changes sign at most
+    ``d_k`` times (:func:`diagonal_parity_layer`), while the parity changes at
+    every step.
+    """
     arr = as_float_array(values, "values", ndim=1)
     threshold = check_real_number(threshold, "threshold")
     s = np.sign(arr - threshold)

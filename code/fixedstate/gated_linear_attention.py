@@ -39,6 +39,8 @@ Forms (they agree to float64 precision; the tests prove it):
 
 - :func:`gla_step`: one token, the equation as written;
 - :func:`gla_recurrent`: the scan over tokens;
+- :func:`gla_loop`: the token loop for one sequence, line by line the equation;
+- :func:`gla_chunk`: one chunk of the chunkwise form, written plainly;
 - :func:`gla_chunkwise`: the chunkwise-parallel form (``eq-fam-gla-chunk-out``,
   ``eq-fam-gla-chunk-state``). With ``b_r`` the cumulative log-decay (per
   channel) from a chunk's start through token ``r`` and ``S_0`` the state
@@ -68,7 +70,7 @@ from .delta_rule import _chunk_decays   # KDA's overflow-safe per-channel pair p
 from .delta_rule import _flat           # merges the leading axes into one
 
 __all__ = [
-    "gla_step", "gla_recurrent", "gla_chunkwise",
+    "gla_step", "gla_recurrent", "gla_chunkwise", "gla_loop", "gla_chunk",
     "retnet_recurrent", "retnet_chunkwise", "retnet_log_decays",
     "hgrn2_recurrent", "hgrn2_chunkwise", "mlstm_recurrent",
 ]
@@ -76,7 +78,7 @@ __all__ = [
 
 # --------------------------------------------------------------------------- validation
 
-def _prepare(q, k, v, log_gate, scale, initial_state, *, tokens=True):
+def _prepare(q, k, v, log_gate, scale, initial_state, *, tokens=True, one_sequence=False):
     """Validate; return the leading shape and q, k, v, log_gate, initial_state broadcast to it and cast."""
     dtype = float_dtype(q, k, v, log_gate, initial_state)
     tok = ("T",) if tokens else ()
@@ -95,6 +97,11 @@ def _prepare(q, k, v, log_gate, scale, initial_state, *, tokens=True):
         items.append(("initial_state", initial_state, 2))
     scale = check_real_number(scale, "scale")
     lead = broadcast_leading(*items)
+    if one_sequence:
+        for name, arr, n_core in items:
+            if arr.ndim > n_core:
+                raise ValueError(f"{name}: the reference functions take one sequence with no leading axes, got "
+                                 f"shape {arr.shape} (use gla_recurrent or gla_chunkwise for batches)")
     return (lead,) + tuple(_fit(x, dtype, lead, n) for x in (q, k, v, log_gate)) + (
         _fit(initial_state, dtype, lead, 2), scale)
 
@@ -174,6 +181,52 @@ def gla_recurrent(q, k, v, *, log_gate, scale=1.0, initial_state=None):
     outputs : (..., T, d_v) array. final_state : (..., d_k, d_v) array.
     """
     return _run(_recurrent, q, k, v, log_gate, scale, initial_state)
+
+
+# --------------------------------------------------------------------------- reference functions
+
+def gla_loop(q, k, v, *, log_gate, scale=1.0, initial_state=None):
+    """The token loop of GLA for one sequence, ``eq-fam-gla``, written to be read beside the equation.
+
+    ``q, k`` (T, d_k), ``v`` (T, d_v), ``log_gate`` (T, d_k), no leading axes;
+    ``initial_state`` (d_k, d_v) or None (zeros). Returns the outputs (T, d_v)
+    and the final state (d_k, d_v).
+    """
+    _, q, k, v, log_gate, S, c = _prepare(q, k, v, log_gate, scale, initial_state, one_sequence=True)
+    S = np.zeros((k.shape[1], v.shape[1]), dtype=v.dtype) if S is None else S      # S_0
+    o = np.empty_like(v)
+    for t in range(len(q)):
+        alpha = np.exp(log_gate[t])                       # the decays alpha_t, one per key channel
+        S = alpha[:, None] * S + np.outer(k[t], v[t])     # eq-fam-gla: S_t = Diag(alpha_t) S_{t-1} + k_t v_t^T
+        o[t] = c * (S.T @ q[t])                           # o_t = c S_t^T q_t
+    return o, S
+
+
+def gla_chunk(q, k, v, *, log_gate, scale=1.0, initial_state=None):
+    """One chunk of GLA's chunkwise form, ``eq-fam-gla-chunk-out`` and ``eq-fam-gla-chunk-state``, line by line.
+
+    Given the chunk's ``C`` tokens (``q, k`` (C, d_k), ``v`` (C, d_v),
+    ``log_gate`` (C, d_k), no leading axes) and the incoming state ``S_0``
+    (``initial_state``, (d_k, d_v) or None for zeros), returns the chunk's
+    outputs (C, d_v) and the outgoing state ``S_C``. The per-channel decays
+    between pairs are formed here as a (C, C, d_k) array ``exp(b_r - b_i)`` with
+    the pairs ``i > r`` masked to ``-inf`` before the exponential, so every
+    exponent is ``<= 0``: plain, and ``d_k`` times the memory of the fast form,
+    which builds the same products level by level (:func:`gla_chunkwise`).
+    Applied chunk after chunk it gives what :func:`gla_recurrent` gives.
+    """
+    _, Q, K, V, log_gate, S0, c = _prepare(q, k, v, log_gate, scale, initial_state, one_sequence=True)
+    if len(Q) < 1:
+        raise ValueError(f"q: expected at least one token, got shape {Q.shape}")
+    S0 = np.zeros((K.shape[1], V.shape[1]), dtype=V.dtype) if S0 is None else S0
+    C = len(Q)
+    b = np.cumsum(log_gate, axis=0)                       # b_r = sum_{i<=r} log alpha_i, (C, d_k), <= 0
+    i_le_r = np.tril(np.ones((C, C), dtype=bool))[:, :, None]
+    D = np.exp(np.where(i_le_r, b[:, None, :] - b[None, :, :], -np.inf))    # D_ric = e^{b_rc - b_ic} if i <= r
+    A = np.einsum("rc,ric,ic->ri", Q, D, K)               # A_ri = sum_c q_rc e^{b_rc - b_ic} k_ic
+    O = c * (A @ V + (np.exp(b) * Q) @ S0)                # eq-fam-gla-chunk-out
+    S_C = np.exp(b[-1])[:, None] * S0 + (np.exp(b[-1] - b) * K).T @ V       # eq-fam-gla-chunk-state
+    return O.astype(V.dtype, copy=False), S_C.astype(V.dtype, copy=False)
 
 
 # --------------------------------------------------------------------------- chunkwise form
@@ -276,7 +329,10 @@ def _broadcast_gate(q, k, v, log_gate, name, *, per_token):
 
 
 def retnet_log_decays(n_heads):
-    """RetNet's fixed per-head log-decays ``log(1 - 2^(-5 - h))``, ``h = 0, ..., n_heads - 1`` (float64, (n_heads,))."""
+    """RetNet's fixed per-head log-decays ``log(1 - 2^(-5 - h))``, ``h = 0, ..., n_heads - 1`` (``eq-fam-retnet``).
+
+    Returns a float64 array (n_heads,), to pass as ``log_decay``.
+    """
     n_heads = check_positive_int(n_heads, "n_heads")
     return np.log1p(-np.exp2(-5.0 - np.arange(n_heads)))
 
