@@ -244,3 +244,25 @@ def test_the_reference_functions_take_one_sequence():
         gla.gla_chunk(q[0], k[0], v[0], log_gate=lg[0], initial_state=np.zeros((2, 3, 2)))
     with pytest.raises(ValueError, match="^q"):
         gla.gla_chunk(q[0, :0], k[0, :0], v[0, :0], log_gate=lg[0, :0])
+
+
+@pytest.mark.parametrize("form", ["chunkwise", "chunk", "ssd_chunkwise"])
+def test_every_exponent_is_at_most_zero(form, monkeypatch):
+    # the property the chunkwise forms are built for, checked on every call of np.exp they make
+    rng = np.random.default_rng(13)
+    q, k, v, lg = inputs(rng, (), 70, 4, 3, low=0.01)
+    arguments = []
+    real_exp = np.exp
+
+    def watched_exp(x, *args, **kwargs):
+        arguments.append(float(np.max(x, initial=-np.inf)))
+        return real_exp(x, *args, **kwargs)
+
+    monkeypatch.setattr(np, "exp", watched_exp)
+    if form == "chunkwise":
+        gla.gla_chunkwise(q, k, v, log_gate=lg, chunk_size=16, initial_state=np.ones((4, 3)))
+    elif form == "chunk":
+        gla.gla_chunk(q[:16], k[:16], v[:16], log_gate=lg[:16], initial_state=np.ones((4, 3)))
+    else:
+        ssm.ssd_chunkwise(v, np.ones(70), -3.0, q, k, chunk_size=16, initial_state=np.ones((4, 3)))
+    assert arguments and max(arguments) <= 0.0
