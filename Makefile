@@ -100,6 +100,7 @@ execute: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/delta_rule_bench.py
+	$(BIN)/python benchmarks/ssd_bench.py
 
 # Grade a folder of submitted exercise notebooks (the "Grading" section of appendix/instructors.md):
 #   make grade SUBMISSIONS=<folder> [CHAPTERS="03 04"] [GRADE_OUT=<dir>] [GRADE_FLAGS="--timeout 300"]

@@ -24,7 +24,7 @@ LABEL_USE = re.compile(r"\beq-[a-z0-9]+(?:-[a-z0-9]+)*")
 LABEL_DEF = re.compile(r"\$\$\s*\((eq-[a-z0-9-]+)\)")
 
 # The cores: every public function of these modules computes an equation.
-CORE_MODULES = ["softmax_attention", "linear_attention", "delta_rule", "ssm"]
+CORE_MODULES = ["softmax_attention", "linear_attention", "delta_rule", "ssm", "gated_linear_attention", "delta_family"]
 
 
 def book_labels() -> set[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import scipy.linalg
@@ -303,6 +305,11 @@ _stack = (np.eye(2)[None].repeat(3, 0), np.ones((3, 2)), np.ones((3, 2)))   # th
     (_ssd_call(ssm.ssd_chunk, D=np.ones(2)), "D"),
     (_ssd_call(ssm.ssd_chunk, initial_state=np.ones((1, 3, 2))), "initial_state"),
     (_ssd_call(ssm.ssd_chunk, a=0.1), "a"),
+    (_ssd_call(ssm.ssd_chunkwise, a=0.1), "a"),
+    (_ssd_call(ssm.ssd_chunkwise, C=np.ones((5, 4))), "C"),
+    (_ssd_call(ssm.ssd_chunkwise, x=np.ones((2, 5, 2)), initial_state=np.ones((4, 3, 2))), "initial_state"),
+    (lambda: ssm.ssd_chunkwise(*_ssd.values(), chunk_size=0), "chunk_size"),
+    (lambda: ssm.ssd_chunkwise(*_ssd.values(), chunk_size=2.5), "chunk_size"),
     (lambda: ssm.ssd_mask(np.ones(4), 0.5), "a"),
     (lambda: ssm.ssd_mask(np.zeros(4), -0.5), "delta"),
     (lambda: ssm.ssd_mask(np.ones((2, 4)), -np.ones(3)), "a"),
@@ -840,7 +847,7 @@ def test_selective_steps_with_leading_axes_equal_the_scan(data, T, d, N, seed):
 
 @BATCH_SETTINGS
 @given(data=st.data(), T=st.integers(1, 9), P=st.integers(1, 3), N=st.integers(1, 3), seed=st.integers(0, 10_000),
-       form=st.sampled_from(["recurrent", "quadratic"]), with_init=st.booleans(), with_D=st.booleans())
+       form=st.sampled_from(["recurrent", "quadratic", "chunkwise"]), with_init=st.booleans(), with_D=st.booleans())
 def test_ssd_batched_equals_loop(data, T, P, N, seed, form, with_init, with_D):
     # a and D: one scalar per head, broadcast against the leading axes (e.g. (H,) for leading axes (batch, H))
     lead = data.draw(lead_shapes())
@@ -853,6 +860,8 @@ def test_ssd_batched_equals_loop(data, T, P, N, seed, form, with_init, with_D):
     D = rng.normal(size=shapes["D"]) if with_D else None
     S0 = rng.normal(size=shapes["S0"] + (N, P)) if with_init else None
     fn = getattr(ssm, f"ssd_{form}")
+    if form == "chunkwise":
+        fn = functools.partial(fn, chunk_size=data.draw(st.integers(1, 4)))
     y, S = fn(x, delta, a, B, C, D=D, initial_state=S0)
     full = _lead_of((x, 2), (delta, 1), (a, 0), (B, 2), (C, 2), (D, 0), (S0, 2))
     assert y.shape == full + (T, P) and S.shape == full + (N, P)
@@ -979,6 +988,9 @@ def _public_calls():
                                                      c("Ct"), D=c("delta_ssd")[0], initial_state=c("S0")),
         "ssd_chunk": lambda c: ssm.ssd_chunk(c("x_ssd"), c("delta_ssd"), -c("delta_ssd")[0], c("Bt"), c("Ct"),
                                              D=c("delta_ssd")[0], initial_state=c("S0")),
+        "ssd_chunkwise": lambda c: ssm.ssd_chunkwise(c("x_ssd"), c("delta_ssd"), -c("delta_ssd")[0], c("Bt"),
+                                                     c("Ct"), D=c("delta_ssd")[0], initial_state=c("S0"),
+                                                     chunk_size=4),
     }, base
 
 
@@ -1039,3 +1051,64 @@ def test_flop_counts_scale_as_stated():
     assert ssm.ssm_decode_flops(64, 16) * 1000 == ssm.selective_scan_flops(1000, 64, 16)
     f1, f2 = ssm.s4_fft_conv_flops(1024, 8, 16), ssm.s4_fft_conv_flops(2048, 8, 16)
     assert 2.0 < f2 / f1 < 2.5            # n log n: a little more than doubling
+
+
+# --------------------------------------------------------------------------- Mamba-2's chunked algorithm (#16)
+
+@SETTINGS
+@given(T=st.integers(1, 80), P=st.integers(1, 4), N=st.integers(1, 4), chunk=st.integers(1, 24),
+       seed=st.integers(0, 10_000), a=st.floats(-3.0, 0.0), with_init=st.booleans(), with_D=st.booleans())
+def test_ssd_chunkwise_equals_quadratic_and_recurrent(T, P, N, chunk, seed, a, with_init, with_D):
+    # the whole sequence in chunks (T need not be a multiple of the chunk) equals both other forms
+    rng = np.random.default_rng(seed)
+    x, delta, B, C = _ssd_inputs(rng, T, P, N)
+    D = rng.normal() if with_D else None
+    S0 = rng.normal(size=(N, P)) if with_init else None
+    y, S = ssm.ssd_chunkwise(x, delta, a, B, C, D=D, initial_state=S0, chunk_size=chunk)
+    assert y.shape == (T, P) and S.shape == (N, P)
+    for form in (ssm.ssd_quadratic, ssm.ssd_recurrent):
+        y_ref, S_ref = form(x, delta, a, B, C, D=D, initial_state=S0)
+        assert rel_err(y, y_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
+
+
+def test_ssd_chunkwise_is_ssd_chunk_applied_chunk_after_chunk():
+    # steps 1, 2 and 4 are ssd_chunk's equations for every chunk at once; step 3 carries the state
+    rng = np.random.default_rng(16)
+    T, P, N, Q = 23, 3, 4, 5
+    x, delta, B, C = _ssd_inputs(rng, T, P, N)
+    S = rng.normal(size=(N, P))
+    y, S_final = ssm.ssd_chunkwise(x, delta, -0.7, B, C, initial_state=S, chunk_size=Q)
+    for start in range(0, T, Q):
+        c = slice(start, start + Q)
+        y_c, S = ssm.ssd_chunk(x[c], delta[c], -0.7, B[c], C[c], initial_state=S)
+        assert rel_err(y[c], y_c) <= 1e-12
+    assert rel_err(S_final, S) <= 1e-12
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ssd_chunkwise_strong_decay_has_no_positive_exponent(dtype):
+    # a delta of 1 and a = -120 per token; over a chunk of 64 the log-decays sum to -7680, so a form that
+    # divided by Gamma would overflow; the chunked form forms every decay from segment sums <= 0
+    rng = np.random.default_rng(17)
+    T, P, N = 150, 2, 3
+    x, _, B, C = (v.astype(dtype) for v in _ssd_inputs(rng, T, P, N))
+    delta = np.ones(T, dtype=dtype)
+    S0 = rng.normal(size=(N, P)).astype(dtype)
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        y, S = ssm.ssd_chunkwise(x, delta, dtype(-120.0), B, C, initial_state=S0, chunk_size=64)
+        y_r, S_r = ssm.ssd_recurrent(x, delta, dtype(-120.0), B, C, initial_state=S0)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    assert y.dtype == dtype and rel_err(y, y_r) <= tol and rel_err(S, S_r) <= tol
+    assert rel_err(y, np.sum(C * B, axis=1)[:, None] * x) <= tol     # every token forgets the past
+
+
+def test_ssd_chunkwise_at_4096_tokens_equals_the_recurrence():
+    # the benchmark's shape (one head, N = 64, P = 64, chunk 64), in float64
+    rng = np.random.default_rng(18)
+    T, N, P = 4096, 64, 64
+    x = rng.normal(size=(T, P))
+    delta = rng.uniform(0.001, 0.1, T)
+    B, C = rng.normal(size=(T, N)) / 8, rng.normal(size=(T, N)) / 8
+    y, S = ssm.ssd_chunkwise(x, delta, -4.0, B, C, chunk_size=64)
+    y_r, S_r = ssm.ssd_recurrent(x, delta, -4.0, B, C)
+    assert rel_err(y, y_r) <= 1e-12 and rel_err(S, S_r) <= 1e-12

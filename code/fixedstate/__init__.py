@@ -9,6 +9,10 @@ One module per idea, named after the chapter that explains it:
 - :mod:`fixedstate.delta_rule`: the delta rule, the gated delta rule and Kimi Delta
   Attention, token by token and chunkwise.
 - :mod:`fixedstate.ssm`: continuous and discrete state-space models, S4, Mamba, Mamba-2.
+- :mod:`fixedstate.gated_linear_attention`: linear attention with a decay per key
+  channel (GLA) and its special cases (RetNet, HGRN2, mLSTM), recurrent and chunkwise.
+- :mod:`fixedstate.delta_family`: the delta rule's relatives (DeltaProduct, RWKV-7,
+  Longhorn) and parity with negative eigenvalues.
 - :mod:`fixedstate.recall`: associative-recall experiments and the MQAR task.
 - :mod:`fixedstate.hybrid`: hybrid stacks, their cost model and a numpy toy stack.
 - :mod:`fixedstate.blocks`: the parts layers are built from (projections, norms,

@@ -33,8 +33,9 @@ initial_state=None) -> (y, h)``, the parallel one built on
 
 Mamba-2 / state-space duality (``eq-ssm-ssd-recurrent``, ``eq-ssm-ssd-matrix``):
 :func:`ssd_recurrent`, :func:`ssd_quadratic` (``(x, delta, a, B, C, *, D=None,
-initial_state=None) -> (y, S)``), :func:`ssd_mask`, and :func:`ssd_chunk`, the
-reference for one chunk of Mamba-2's chunked algorithm.
+initial_state=None) -> (y, S)``), :func:`ssd_mask`, :func:`ssd_chunk`, the
+reference for one chunk of Mamba-2's chunked algorithm, and :func:`ssd_chunkwise`,
+that algorithm for the whole sequence, all chunks at once.
 
 Costs (the chapter's FLOPs-and-memory table): :func:`ssm_state_bytes`,
 :func:`selective_scan_flops`, :func:`s4_fft_conv_flops`, :func:`ssm_decode_flops`.
@@ -87,6 +88,7 @@ __all__ = [
     "ssd_recurrent",
     "ssd_quadratic",
     "ssd_chunk",
+    "ssd_chunkwise",
     "ssm_state_bytes",
     "selective_scan_flops",
     "s4_fft_conv_flops",
@@ -767,6 +769,73 @@ def ssd_chunk(x, delta, a, B, C, *, D=None, initial_state=None):
     y_in = Gamma[:, None] * (C @ S_in)             # Gamma_t S_in^T C_t
     S_out = Gamma[-1] * S_in + B.T @ (L[-1][:, None] * V)   # L[-1, s] = Gamma_{T-1} / Gamma_s
     return y_intra + y_in + D * x, S_out
+
+
+def ssd_chunkwise(x, delta, a, B, C, *, D=None, initial_state=None, chunk_size=64):
+    """Mamba-2's chunked SSD algorithm for the whole sequence (``eq-fam-ssd-diag`` to ``eq-fam-ssd-read``): ``(y, S)``.
+
+    The sequence is cut into chunks of ``chunk_size`` tokens (the last one may
+    be shorter; it is padded with tokens that neither decay, write nor read),
+    and :func:`ssd_chunk`'s equations are applied to all chunks at once, in
+    four steps (``g_r = exp(delta_r a)``; inside chunk ``c``, ``Gamma_t`` is the
+    decay from the chunk's start through token ``t`` and ``L`` the chunk's mask):
+
+    1. intra-chunk, quadratic, every chunk at once (``eq-fam-ssd-diag``):
+       ``Y_intra = (L o C B^T)(delta o X)`` (``eq-ssm-ssd-matrix`` restricted to each chunk);
+    2. chunk states, every chunk at once, each from a zero state (``eq-fam-ssd-states``):
+       ``s_c = sum_s L[-1, s] B_s (delta_s x_s)^T``;
+    3. the inter-chunk scalar recurrence ``S_c = G_c S_{c-1} + s_c`` (``eq-fam-ssd-pass``)
+       (``G_c = Gamma_{-1}`` of chunk ``c``, ``S_{-1}`` the initial state),
+       solved for all chunks at once as one more (small, ``n_chunks + 1``
+       square) semiseparable matrix of decays applied to the stacked states,
+       the same structure one level up;
+    4. state to output: ``y_t += Gamma_t S_{c-1}^T C_t`` for the tokens of chunk ``c`` (``eq-fam-ssd-read``).
+
+    Steps 1, 2 and 4 are :func:`ssd_chunk`'s equations (``eq-ssm-ssd-chunk-out``,
+    ``eq-ssm-ssd-chunk-state``) for every chunk at once.
+
+    Every decay is ``exp`` of a sum of log-decays ``a delta_r <= 0`` formed
+    segment by segment (:func:`ssd_mask`'s way), so no exponent is positive
+    and no ``1/Gamma`` is formed. The work is ``O(T chunk_size (N + P) + T N P)``
+    plus ``O(n_chunks^2 N P)`` for step 3, against ``O(T^2 (N + P))`` for
+    :func:`ssd_quadratic`. Same arguments (plus ``chunk_size``, an integer >= 1),
+    shapes, broadcasting and results as :func:`ssd_recurrent`.
+    """
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    x, delta, a, B, C, D, S0 = _ssd_args(x, delta, a, B, C, D, initial_state)
+    lead = S0.shape[:-2]
+    T, P = x.shape[-2:]
+    N = B.shape[-1]
+    dtype = S0.dtype
+    Q = chunk_size
+    n = -(-T // Q)
+    pad = n * Q - T
+
+    def chunks(arr, core):
+        """Broadcast to the leading axes, pad the time axis with zeros to n * Q, cut it into (n, Q)."""
+        arr = np.broadcast_to(arr, lead + (T,) + core)
+        if pad:
+            arr = np.concatenate([arr, np.zeros(lead + (pad,) + core, dtype=dtype)], axis=len(lead))
+        return arr.reshape(lead + (n, Q) + core)
+
+    log_gate = chunks(a[..., None] * delta, ())                   # gamma_r = a delta_r <= 0 (0 on padding)
+    V = chunks(delta[..., None] * x, (P,))                         # values v_s = delta_s x_s
+    Bc, Cc = chunks(B, (N,)), chunks(C, (N,))
+    # 1. intra-chunk, quadratic
+    L = np.where(np.tri(Q, dtype=bool), np.exp(_segment_sums(log_gate)), 0.0).astype(dtype, copy=False)
+    y = (L * (Cc @ np.swapaxes(Bc, -1, -2))) @ V                    # (..., n, Q, P)
+    # 2. chunk states from zero: s_c = B^T (L[-1, :] o V)
+    local = np.swapaxes(Bc, -1, -2) @ (L[..., -1, :, None] * V)    # (..., n, N, P)
+    # 3. inter-chunk scalar recurrence over [S_in, s_0, ..., s_{n-1}]
+    Gamma = np.exp(np.cumsum(log_gate, axis=-1))                    # Gamma_t inside each chunk, (..., n, Q)
+    chunk_log = np.concatenate([np.zeros(lead + (1,), dtype=dtype), np.sum(log_gate, axis=-1)], axis=-1)
+    W = np.where(np.tri(n + 1, dtype=bool), np.exp(_segment_sums(chunk_log)), 0.0).astype(dtype, copy=False)
+    stacked = np.concatenate([S0[..., None, :, :], local], axis=-3).reshape(lead + (n + 1, N * P))
+    states = (W @ stacked).reshape(lead + (n + 1, N, P))            # states[c] = S after chunk c - 1
+    # 4. state to output: Gamma_t S_{c-1}^T C_t
+    y += Gamma[..., None] * (Cc @ states[..., :n, :, :])
+    y = y.reshape(lead + (n * Q, P))[..., :T, :]
+    return y + D[..., None, None] * x, states[..., n, :, :].copy()
 
 
 # ---------------------------------------------------------------------------

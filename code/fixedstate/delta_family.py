@@ -1,0 +1,487 @@
+"""The delta rule's relatives: DeltaProduct, RWKV-7, Longhorn, and parity with negative eigenvalues.
+
+Chapter "One family, one algorithm" (``chap-one-family``). Every layer keeps a state
+``S`` of shape ``(d_k, d_v)`` (the book's orientation: a write is ``k v^T``, a
+read is ``S^T q``), and each update is ``S_t = M_t S_{t-1} + (write)`` with a
+``(d_k, d_k)`` transition ``M_t`` acting on the key side:
+
+- **DeltaProduct** (Siems et al. 2025): ``n_h`` delta-rule steps per token,
+  each a generalised Householder factor ``I - beta_j k_j k_j^T``: the
+  transition is their product, identity plus rank ``n_h``
+  (:func:`deltaproduct_step`, :func:`deltaproduct_recurrent`,
+  :func:`deltaproduct_chunkwise`). With ``n_h = 1`` it is DeltaNet, or Gated
+  DeltaNet with a gate.
+- **RWKV-7** (Peng et al. 2025): a diagonal decay plus a rank-one term,
+  ``M_t = Diag(w_t) + b_t a_t^T`` (:func:`rwkv7_step`, :func:`rwkv7_recurrent`).
+- **Longhorn** (Liu et al. 2025): an elementwise (diagonal in the vectorised
+  state) approximation of the delta rule's implicit update
+  (:func:`longhorn_recurrent`).
+
+Negative eigenvalues. The erase factor ``I - beta k k^T`` has eigenvalue
+``1 - beta |k|^2`` along ``k``. With unit keys and ``beta`` in [0, 1] it lies in
+[0, 1]; with ``beta`` in [0, 2] it reaches -1, a reflection. The functions here
+accept ``beta`` in [0, 2] (those of :mod:`fixedstate.delta_rule` keep [0, 1]):
+:func:`deltaproduct_recurrent` with ``n_h = 1`` is DeltaNet with the extended
+range. :func:`parity_delta_rule` uses it to track the parity of a bit string
+exactly, at any length; :func:`diagonal_parity_layer` is the diagonal,
+positive-decay layer that cannot (:func:`sign_changes` counts what its readout
+can do on a string of ones, the heart of the argument).
+
+Arguments follow the package: ``q, k, v`` positionally, the rest by keyword;
+every function returns ``(outputs, final_state)``; leading axes broadcast;
+float32 in, float32 out; ``ValueError`` naming the argument on bad input.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import delta_rule as _dr
+from ._threads import one_blas_thread
+from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_interval, check_log_gate,
+                        check_positive_int, check_real_number, float_dtype)
+from .delta_rule import _flat
+from .gated_linear_attention import _fit, gla_recurrent
+
+__all__ = [
+    "deltaproduct_step", "deltaproduct_recurrent", "deltaproduct_chunkwise",
+    "rwkv7_step", "rwkv7_recurrent", "longhorn_recurrent",
+    "parity_delta_rule", "diagonal_parity_layer", "fit_diagonal_parity", "sign_changes", "parity",
+]
+
+
+# --------------------------------------------------------------------------- DeltaProduct
+
+def _prepare_product(q, k, v, beta, log_gate, scale, initial_state, *, tokens=True):
+    """Validate DeltaProduct's arguments; return lead, q, k, v, beta, log_gate, initial_state, scale."""
+    dtype = float_dtype(q, k, v, beta, log_gate, initial_state)
+    tok = ("T",) if tokens else ()
+    n = len(tok)
+    q = as_float_batch(q, "q", (None,) * (n + 1), tok + ("d_k",))
+    d_k = q.shape[-1]
+    tsize = (q.shape[-2],) if tokens else ()
+    k = as_float_batch(k, "k", tsize + (None, d_k), tok + ("n_h", "d_k"))
+    n_h = k.shape[-2]
+    if n_h < 1:
+        raise ValueError(f"k: expected at least one Householder step per token (n_h >= 1), got shape {k.shape}")
+    v = as_float_batch(v, "v", tsize + (n_h, None), tok + ("n_h", "d_v"))
+    d_v = v.shape[-1]
+    beta = check_interval(as_float_batch(beta, "beta", tsize + (n_h,), tok + ("n_h",)), "beta", 0.0, 2.0)
+    items = [("q", q, n + 1), ("k", k, n + 2), ("v", v, n + 2), ("beta", beta, n + 1)]
+    if log_gate is not None:
+        log_gate = check_log_gate(as_float_batch(log_gate, "log_gate", tsize, tok, allow_nonfinite=True))
+        items.append(("log_gate", log_gate, n))
+    if initial_state is not None:
+        initial_state = as_float_batch(initial_state, "initial_state", (d_k, d_v), ("d_k", "d_v"))
+        items.append(("initial_state", initial_state, 2))
+    scale = check_real_number(scale, "scale")
+    lead = broadcast_leading(*items)
+    return (lead, _fit(q, dtype, lead, n + 1), _fit(k, dtype, lead, n + 2), _fit(v, dtype, lead, n + 2),
+            _fit(beta, dtype, lead, n + 1), _fit(log_gate, dtype, lead, n), _fit(initial_state, dtype, lead, 2),
+            scale)
+
+
+def deltaproduct_step(q, k, v, *, beta, log_gate=None, scale=1.0, initial_state=None):
+    """One DeltaProduct token, ``eq-fam-deltaproduct``: ``n_h`` delta-rule steps, then the readout.
+
+    ``S <- g S`` with ``g = exp(log_gate)`` (once, if a gate is given), then for
+    ``j = 1, ..., n_h`` in order ``S <- S + beta_j k_j (v_j - S^T k_j)^T``, i.e.
+    ``S <- (I - beta_j k_j k_j^T) S + beta_j k_j v_j^T``, each step against the
+    state the previous one left; ``o = scale * S^T q``.
+
+    Parameters
+    ----------
+    q : (..., d_k). k : (..., n_h, d_k). v : (..., n_h, d_v).
+    beta : (..., n_h) in [0, 2] (above 1 the erase factor's eigenvalue ``1 - beta |k|^2`` is negative for unit keys).
+    log_gate : (...) log-decay <= 0, or None (no decay: DeltaProduct without gate).
+    scale : readout scale. initial_state : (..., d_k, d_v) or None (zeros).
+
+    Returns
+    -------
+    o : (..., d_v) array. state : (..., d_k, d_v) array (the one passed in is not modified).
+    """
+    lead, q, k, v, beta, g, S, scale = _prepare_product(q, k, v, beta, log_gate, scale, initial_state,
+                                                        tokens=False)
+    S = np.zeros(lead + (q.shape[-1], v.shape[-1]), dtype=q.dtype) if S is None else S.copy()
+    if g is not None:
+        S *= np.exp(g)[..., None, None]
+    for j in range(k.shape[-2]):
+        kj = k[..., j, :]
+        error = v[..., j, :] - np.matmul(kj[..., None, :], S)[..., 0, :]       # v_j - S^T k_j
+        S += (beta[..., j, None] * kj)[..., :, None] * error[..., None, :]    # + beta_j k_j error^T
+    o = np.matmul(q[..., None, :], S)[..., 0, :]
+    return (o * o.dtype.type(scale) if scale != 1.0 else o), S
+
+
+@one_blas_thread
+def _product_recurrent(q, k, v, beta, log_gate, S, scale):
+    """q: (B, T, d_k); k: (B, T, n_h, d_k); v: (B, T, n_h, d_v); beta: (B, T, n_h); log_gate: (B, T) or None."""
+    B, T, n_h, d_k = k.shape
+    d_v = v.shape[-1]
+    dtype = q.dtype
+    S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
+    decays = None if log_gate is None else np.exp(log_gate)[..., None, None]
+    beta_keys = beta[..., None] * k
+    outputs = np.empty((B, T, d_v), dtype=dtype)
+    for t in range(T):
+        if decays is not None:
+            S *= decays[:, t]                                                   # g_t S_{t-1}
+        for j in range(n_h):                                                    # the n_h Householder steps
+            error = v[:, t, j] - np.matmul(k[:, t, j, None, :], S)[:, 0]
+            S += beta_keys[:, t, j, :, None] * error[:, None, :]
+        outputs[:, t] = np.matmul(q[:, t, None, :], S)[:, 0]
+    if scale != 1.0:
+        outputs *= dtype.type(scale)
+    return outputs, S
+
+
+def deltaproduct_recurrent(q, k, v, *, beta, log_gate=None, scale=1.0, initial_state=None):
+    """DeltaProduct over a sequence (``eq-fam-deltaproduct``), one token (and one Householder step) at a time.
+
+    ``S_t = (prod_{j = n_h .. 1} (I - beta_tj k_tj k_tj^T)) g_t S_{t-1} + (the n_h writes)``:
+    token ``t`` decays the state once (``g_t = exp(log_gate_t)``, or no decay
+    when ``log_gate`` is None) and applies its ``n_h`` delta-rule steps in
+    order; ``o_t = scale * S_t^T q_t`` reads the state after all of them.
+
+    Parameters
+    ----------
+    q : (..., T, d_k). k : (..., T, n_h, d_k). v : (..., T, n_h, d_v).
+    beta : (..., T, n_h) in [0, 2]. log_gate : (..., T) log-decays <= 0, or None.
+    scale : readout scale. initial_state : (..., d_k, d_v) or None (zeros).
+
+    Returns
+    -------
+    outputs : (..., T, d_v) array. final_state : (..., d_k, d_v) array.
+
+    With ``n_h = 1`` this is :func:`fixedstate.delta_rule.delta_rule_recurrent`
+    (no gate) or :func:`~fixedstate.delta_rule.gated_delta_rule_recurrent`,
+    with ``beta`` allowed up to 2.
+    """
+    lead, q, k, v, beta, g, S, scale = _prepare_product(q, k, v, beta, log_gate, scale, initial_state)
+    T, d_v = q.shape[-2], v.shape[-1]
+    out, S = _product_recurrent(_flat(q, lead, 2), _flat(k, lead, 3), _flat(v, lead, 3), _flat(beta, lead, 2),
+                                _flat(g, lead, 1), _flat(S, lead, 2), scale)
+    return out.reshape(lead + (T, d_v)), S.reshape(lead + S.shape[1:])
+
+
+def deltaproduct_chunkwise(q, k, v, *, beta, log_gate=None, scale=1.0, initial_state=None, chunk_size=64):
+    """DeltaProduct in chunkwise form: Gated DeltaNet's chunkwise form on the sequence of Householder steps.
+
+    The ``T`` tokens of ``n_h`` steps each are laid out as ``T n_h`` delta-rule
+    steps; step ``j`` of token ``t`` carries ``k_tj, v_tj, beta_tj``, the gate
+    ``log_gate_t`` on ``j = 1`` only (0 on the others) and the query ``q_t`` on
+    ``j = n_h`` only (0 on the others, whose outputs are dropped). That
+    sequence goes through :func:`fixedstate.delta_rule.gated_delta_rule_chunkwise`'s
+    machinery (``eq-dr-ut``, ``eq-dr-chunk-out``, ``eq-dr-chunk-state``), so
+    ``chunk_size`` counts Householder steps, not tokens. Arguments and results
+    as :func:`deltaproduct_recurrent`.
+    """
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    lead, q, k, v, beta, g, S, scale = _prepare_product(q, k, v, beta, log_gate, scale, initial_state)
+    T, n_h, d_k = k.shape[-3:]
+    d_v = v.shape[-1]
+    B = math.prod(lead)
+    qs = np.zeros((B, T, n_h, d_k), dtype=q.dtype)
+    qs[:, :, -1] = _flat(q, lead, 2)                                   # the query reads after the last step
+    gs = np.zeros((B, T, n_h), dtype=q.dtype)
+    if g is not None:
+        gs[:, :, 0] = _flat(g, lead, 1)                                # the decay comes before the first step
+    out, S = _dr._chunkwise(qs.reshape(B, T * n_h, d_k), _flat(k, lead, 3).reshape(B, T * n_h, d_k),
+                            _flat(v, lead, 3).reshape(B, T * n_h, d_v), _flat(beta, lead, 2).reshape(B, T * n_h),
+                            gs.reshape(B, T * n_h), _flat(S, lead, 2), scale, chunk_size, False)
+    out = out.reshape(B, T, n_h, d_v)[:, :, -1]
+    return np.ascontiguousarray(out).reshape(lead + (T, d_v)), S.reshape(lead + (d_k, d_v))
+
+
+# --------------------------------------------------------------------------- RWKV-7
+
+def _prepare_rwkv7(q, k, v, log_w, a, b, scale, initial_state, *, tokens=True):
+    dtype = float_dtype(q, k, v, log_w, a, b, initial_state)
+    tok = ("T",) if tokens else ()
+    n = len(tok) + 1
+    q = as_float_batch(q, "q", (None,) * n, tok + ("d_k",))
+    core = ((q.shape[-2],) if tokens else ()) + (q.shape[-1],)
+    k = as_float_batch(k, "k", core, tok + ("d_k",))
+    v = as_float_batch(v, "v", core[:-1] + (None,), tok + ("d_v",))
+    log_w = check_log_gate(as_float_batch(log_w, "log_w", core, tok + ("d_k",), allow_nonfinite=True), "log_w")
+    a = as_float_batch(a, "a", core, tok + ("d_k",))
+    b = as_float_batch(b, "b", core, tok + ("d_k",))
+    items = [("q", q, n), ("k", k, n), ("v", v, n), ("log_w", log_w, n), ("a", a, n), ("b", b, n)]
+    if initial_state is not None:
+        initial_state = as_float_batch(initial_state, "initial_state", (q.shape[-1], v.shape[-1]), ("d_k", "d_v"))
+        items.append(("initial_state", initial_state, 2))
+    scale = check_real_number(scale, "scale")
+    lead = broadcast_leading(*items)
+    return (lead,) + tuple(_fit(x, dtype, lead, n) for x in (q, k, v, log_w, a, b)) + (
+        _fit(initial_state, dtype, lead, 2), scale)
+
+
+def rwkv7_step(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None):
+    """One RWKV-7 token, ``eq-fam-rwkv7``: ``S_t = Diag(w_t) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T``.
+
+    The transition ``M_t = Diag(w_t) + b_t a_t^T`` is diagonal plus rank one;
+    ``w_t = exp(log_w_t)`` (log-decays <= 0, one per key channel); the readout
+    is ``o_t = scale * S_t^T q_t`` (``q`` is RWKV's receptance ``r``). The
+    paper (RWKV-7 "Goose", Peng et al. 2025, its generalised delta rule) writes
+    the state as ``(d_v, d_k)``, ``S_t = S_{t-1} (diag(w_t) - kappa_t^T (a_t o kappa_t)) + v_t^T k~_t``
+    with ``kappa_t`` the L2-normalised removal key, ``a_t`` the in-context learning
+    rate and ``k~_t`` the replacement key; transposed into the book's
+    orientation that is this function with ``a = -kappa_t``,
+    ``b = kappa_t o a_t`` (paper's ``a``) and ``k = k~_t``. Both ``a``, ``b``
+    and the transition act on the *undecayed* ``S_{t-1}``, as in the paper's
+    reference kernel (whose arguments are also called ``a``, ``b``).
+    The gated delta rule is the choice ``log_w = log g`` on every channel,
+    ``a = -k``, ``b = g beta k`` and key ``beta k``.
+
+    Parameters
+    ----------
+    q, k, log_w, a, b : (..., d_k). v : (..., d_v).
+    scale : readout scale. initial_state : (..., d_k, d_v) or None (zeros).
+
+    Returns
+    -------
+    o : (..., d_v). state : (..., d_k, d_v).
+    """
+    lead, q, k, v, lw, a, b, S, scale = _prepare_rwkv7(q, k, v, log_w, a, b, scale, initial_state, tokens=False)
+    if S is None:
+        S = np.zeros(lead + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
+    read = np.matmul(a[..., None, :], S)[..., 0, :]                          # a^T S_{t-1}, (..., d_v)
+    S = np.exp(lw)[..., :, None] * S + b[..., :, None] * read[..., None, :] + k[..., :, None] * v[..., None, :]
+    o = np.matmul(q[..., None, :], S)[..., 0, :]
+    return (o * o.dtype.type(scale) if scale != 1.0 else o), S
+
+
+@one_blas_thread
+def _rwkv7_scan(q, k, v, log_w, a, b, S, scale):
+    B, T, d_k = q.shape
+    d_v = v.shape[-1]
+    dtype = q.dtype
+    S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
+    w = np.exp(log_w)[..., None]
+    out = np.empty((B, T, d_v), dtype=dtype)
+    for t in range(T):
+        read = np.matmul(a[:, t, None, :], S)[:, 0]                           # a_t^T S_{t-1}
+        S *= w[:, t]                                                          # Diag(w_t) S_{t-1}
+        S += b[:, t, :, None] * read[:, None, :]                             # + b_t (a_t^T S_{t-1})
+        S += k[:, t, :, None] * v[:, t, None, :]                             # + k_t v_t^T
+        out[:, t] = np.matmul(q[:, t, None, :], S)[:, 0]
+    if scale != 1.0:
+        out *= dtype.type(scale)
+    return out, S
+
+
+def rwkv7_recurrent(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None):
+    """RWKV-7's generalised delta rule over a sequence (``eq-fam-rwkv7``), token by token.
+
+    As :func:`rwkv7_step` for every token: ``q, k, log_w, a, b`` (..., T, d_k),
+    ``v`` (..., T, d_v), ``initial_state`` (..., d_k, d_v) or None. Returns the
+    outputs (..., T, d_v) and the final state.
+    """
+    lead, q, k, v, lw, a, b, S, scale = _prepare_rwkv7(q, k, v, log_w, a, b, scale, initial_state)
+    T, d_v = q.shape[-2], v.shape[-1]
+    out, S = _rwkv7_scan(*(_flat(x, lead, 2) for x in (q, k, v, lw, a, b, S)), scale)
+    return out.reshape(lead + (T, d_v)), S.reshape(lead + S.shape[1:])
+
+
+# --------------------------------------------------------------------------- Longhorn
+
+def longhorn_recurrent(q, k, v, *, beta, scale=1.0, initial_state=None):
+    """Longhorn's recurrence (``eq-fam-longhorn``), in the book's orientation.
+
+    ``eps_t = beta_t / (1 + beta_t |k_t|^2)`` (one step size per value channel),
+    ``S_t = (1 - k_t^2 eps_t^T) o S_{t-1} + k_t (eps_t o v_t)^T`` (``k_t^2`` the
+    entrywise square; ``o`` the entrywise product) and ``o_t = scale * S_t^T q_t``.
+    It is the closed-form solution of the online regression
+    ``min_S |S - S_{t-1}|^2 + beta |S^T k - v|^2`` for each value channel, with
+    the rank-one erase ``k k^T`` kept only on its diagonal (Liu et al. 2025):
+    a diagonal transition on the vectorised state, every factor in (0, 1].
+
+    Parameters
+    ----------
+    q, k : (..., T, d_k). v : (..., T, d_v). beta : (..., T, d_v) non-negative.
+    scale : readout scale. initial_state : (..., d_k, d_v) or None.
+
+    Returns
+    -------
+    outputs : (..., T, d_v). final_state : (..., d_k, d_v).
+    """
+    dtype = float_dtype(q, k, v, beta, initial_state)
+    q = as_float_batch(q, "q", (None, None), ("T", "d_k"))
+    T, d_k = q.shape[-2:]
+    k = as_float_batch(k, "k", (T, d_k), ("T", "d_k"))
+    v = as_float_batch(v, "v", (T, None), ("T", "d_v"))
+    d_v = v.shape[-1]
+    beta = as_float_batch(beta, "beta", (T, d_v), ("T", "d_v"))
+    if np.any(beta < 0):
+        raise ValueError(f"beta: expected non-negative step sizes, got {float(beta.min())!r}")
+    items = [("q", q, 2), ("k", k, 2), ("v", v, 2), ("beta", beta, 2)]
+    if initial_state is not None:
+        initial_state = as_float_batch(initial_state, "initial_state", (d_k, d_v), ("d_k", "d_v"))
+        items.append(("initial_state", initial_state, 2))
+    scale = check_real_number(scale, "scale")
+    lead = broadcast_leading(*items)
+    q, k, v, beta = (_fit(x, dtype, lead, 2) for x in (q, k, v, beta))
+    S = np.zeros(lead + (d_k, d_v), dtype=dtype) if initial_state is None else \
+        _fit(initial_state, dtype, lead, 2).copy()
+    eps = beta / (1.0 + beta * np.sum(k * k, axis=-1, keepdims=True))       # (..., T, d_v)
+    out = np.empty(lead + (T, d_v), dtype=dtype)
+    for t in range(T):
+        kt = k[..., t, :, None]
+        S *= 1.0 - (kt * kt) * eps[..., t, None, :]
+        S += kt * (eps[..., t, :] * v[..., t, :])[..., None, :]
+        out[..., t, :] = np.matmul(q[..., t, None, :], S)[..., 0, :]
+    if scale != 1.0:
+        out *= dtype.type(scale)
+    return out, S
+
+
+# --------------------------------------------------------------------------- parity
+
+def _bits(bits):
+    arr = np.asarray(bits)
+    if arr.ndim != 1 or arr.size < 1 or arr.dtype.kind not in "biu":
+        raise ValueError(f"bits: expected a non-empty 1-d array of 0s and 1s (integer or bool), got shape "
+                         f"{arr.shape} and dtype {arr.dtype}")
+    if np.any((arr != 0) & (arr != 1)):
+        raise ValueError(f"bits: expected only 0s and 1s, got the values {np.unique(arr)[:4].tolist()}")
+    return arr.astype(np.int64)
+
+
+def parity(bits):
+    """The running parity of a bit string, ``p_t = (x_1 + ... + x_t) mod 2`` (``eq-fam-parity``), an int array like ``bits``."""
+    return np.cumsum(_bits(bits)) % 2
+
+
+def parity_delta_rule(bits, *, dtype=np.float64):
+    """A constructed delta-rule layer that tracks parity, ``eq-fam-parity``: ``(predicted parity, outputs)``.
+
+    One key channel and one value channel (``d_k = d_v = 1``), unit key
+    ``k = 1``, and an extra first token with ``beta = 1``, ``v = 1`` that
+    writes ``S_0 = 1``. Then bit ``x_t`` is the token ``k = 1, v = 0,
+    beta = 2 x_t``: the erase factor ``1 - beta |k|^2`` is ``-1`` on a 1 bit (a
+    reflection, the eigenvalue only ``beta`` in (1, 2] reaches) and ``1`` on a 0
+    bit, and the write is zero, so ``S_t = (-1)^(x_1 + ... + x_t)``. The query
+    ``q = 1`` reads it; the prediction is ``(1 - o_t) / 2``. Every operation
+    multiplies by exactly ``+1`` or ``-1``, so the layer is exact at any length
+    and in any precision. Runs :func:`deltaproduct_recurrent` with ``n_h = 1``
+    (DeltaNet with ``beta`` in [0, 2]).
+
+    Parameters
+    ----------
+    bits : 1-d array of 0s and 1s (any length >= 1, e.g. 10^4).
+    dtype : float32 or float64, the precision the layer runs in.
+
+    Returns
+    -------
+    predicted : int array like ``bits``, the predicted running parity.
+    outputs : the layer's outputs ``o_t`` (``+1`` for even, ``-1`` for odd), in ``dtype``.
+    """
+    x = _bits(bits)
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"dtype: expected float32 or float64, got {dtype}")
+    T = x.size + 1
+    ones = np.ones((T, 1), dtype=dtype)
+    v = np.zeros((T, 1, 1), dtype=dtype)
+    v[0] = 1.0                                                                # the start token writes 1
+    beta = np.concatenate([[1.0], 2.0 * x]).astype(dtype)[:, None]            # 2 on a 1 bit: eigenvalue -1
+    out, _ = deltaproduct_recurrent(ones, ones[:, None, :], v, beta=beta)
+    o = out[1:, 0]
+    return np.rint((1.0 - o) / 2.0).astype(np.int64), o
+
+
+def diagonal_parity_layer(bits, *, log_gates, keys, values, query, initial_state=None):
+    """A diagonal positive-decay layer reading a bit string (GLA, ``eq-fam-gla``): its outputs ``(T, d_v)``.
+
+    Bit ``x_t`` selects its token: log-decays ``log_gates[x_t]`` (per key
+    channel, <= 0, so every decay lies in (0, 1]), key ``keys[x_t]`` and value
+    ``values[x_t]``; the query is the same at every step. So
+    ``S_t = Diag(alpha(x_t)) S_{t-1} + k(x_t) v(x_t)^T`` and ``o_t = S_t^T q``:
+    any parameters a trained diagonal layer with positive decays could have.
+
+    Why it cannot track parity: on the string ``1 1 1 ...`` every channel ``c``
+    follows ``s_t = alpha_c s_{t-1} + w_c``, so ``s_t = u_c + e_c alpha_c^t``
+    (or ``u_c + w_c t`` when ``alpha_c = 1``), and any linear readout is
+    ``f(t) = c_0 + c_1 t + sum_c f_c alpha_c^t``: an exponential polynomial
+    with at most ``d_k + 1`` terms, whose sign (after subtracting any threshold)
+    changes at most ``d_k`` times in ``t`` (Descartes' rule of signs for
+    exponential sums, all bases positive). The parity of ``1^t`` changes sign at
+    every step. So on ``1^T`` the layer is wrong on at least about ``(T - d_k) / 2``
+    positions, whatever its parameters; :func:`sign_changes` counts the changes.
+
+    Parameters
+    ----------
+    bits : 1-d array of 0s and 1s.
+    log_gates, keys : (2, d_k) arrays, row ``x`` for bit ``x``; ``log_gates <= 0``.
+    values : (2, d_v). query : (d_k,). initial_state : (d_k, d_v) or None.
+
+    Returns
+    -------
+    outputs : (T, d_v) array.
+    """
+    x = _bits(bits)
+    log_gates = as_float_array(log_gates, "log_gates", ndim=2)
+    if log_gates.shape[0] != 2:
+        raise ValueError(f"log_gates: expected shape (2, d_k), one row per bit value, got {log_gates.shape}")
+    d_k = log_gates.shape[1]
+    keys = as_float_array(keys, "keys", shape=(2, d_k))
+    values = as_float_array(values, "values", ndim=2)
+    if values.shape[0] != 2:
+        raise ValueError(f"values: expected shape (2, d_v), one row per bit value, got {values.shape}")
+    query = as_float_array(query, "query", shape=(d_k,))
+    check_log_gate(log_gates, "log_gates")
+    q = np.broadcast_to(query, (x.size, d_k))
+    out, _ = gla_recurrent(q, keys[x], values[x], log_gate=log_gates[x], initial_state=initial_state)
+    return out
+
+
+def fit_diagonal_parity(bits, log_gates, *, bias=True):
+    """The best a diagonal positive-decay layer (``eq-fam-gla``) with these gates does on parity: ``(accuracy, outputs)``.
+
+    With the decays fixed (``log_gates`` (2, d_k), row ``x`` for bit ``x``), the
+    output of :func:`diagonal_parity_layer` with ``d_v = 1`` is linear in the
+    per-bit writes ``w(x)_c = q_c k(x)_c v(x)``: channel ``c`` holds
+    ``sum_{i<=t} (prod_{i<j<=t} alpha_c(x_j)) w(x_i)_c``. So the writes that
+    best fit the target ``+1`` (even) / ``-1`` (odd) in least squares are one
+    linear solve (plus a constant if ``bias``). Returns the fraction of
+    positions where the sign of the fitted output matches the parity, and the
+    fitted outputs. The fit is on the same string it is scored on, which
+    favours the layer.
+    """
+    x = _bits(bits)
+    log_gates = check_log_gate(as_float_array(log_gates, "log_gates", ndim=2), "log_gates")
+    if log_gates.shape[0] != 2:
+        raise ValueError(f"log_gates: expected shape (2, d_k), one row per bit value, got {log_gates.shape}")
+    d_k = log_gates.shape[1]
+    T = x.size
+    alpha = np.exp(log_gates[x])                                   # (T, d_k)
+    features = np.zeros((T, 2 * d_k + bool(bias)))                 # channel c's state for a unit write of each bit
+    state = np.zeros((2, d_k))
+    for t in range(T):
+        state *= alpha[t]
+        state[x[t]] += 1.0
+        features[t, :2 * d_k] = state.ravel()
+    if bias:
+        features[:, -1] = 1.0
+    target = 1.0 - 2.0 * (np.cumsum(x) % 2)
+    coef, *_ = np.linalg.lstsq(features, target, rcond=None)
+    fitted = features @ coef
+    return float(np.mean(np.sign(fitted) == target)), fitted
+
+
+def sign_changes(values, threshold=0.0):
+    """How many times ``values - threshold`` changes sign along its (1-d) axis; exact zeros are skipped.
+
+    On a string of ones every entry of a diagonal positive-decay layer's state
+    is monotone (``eq-fam-monotone``), of the form ``u + e alpha^t`` (or
+    ``u + w t``), so a linear readout of ``d_k`` channels changes sign at most
+    ``d_k`` times (:func:`diagonal_parity_layer`), while the parity changes at
+    every step.
+    """
+    arr = as_float_array(values, "values", ndim=1)
+    threshold = check_real_number(threshold, "threshold")
+    s = np.sign(arr - threshold)
+    s = s[s != 0]
+    return int(np.count_nonzero(s[1:] != s[:-1]))

@@ -1,0 +1,409 @@
+"""Gated linear attention: linear attention with a decay, scalar or per key channel.
+
+Chapter "One family, one algorithm" (``chap-one-family``). The layers here keep a
+state ``S`` of shape ``(d_k, d_v)`` (the book's orientation: a write is
+``k v^T``, a read is ``S^T q``) and update it once per token with
+
+    S_t = Diag(alpha_t) S_{t-1} + k_t v_t^T,    alpha_t = exp(log_gate_t)      (GLA)
+    o_t = scale * S_t^T q_t
+
+where ``log_gate_t <= 0`` has one entry per key channel (GLA, Yang et al. 2024):
+the decay scales the *rows* of ``S``, the same per-channel decay as Kimi Delta
+Attention (:mod:`fixedstate.delta_rule`) but without the delta correction. Its
+special cases and relatives, in the book's orientation:
+
+- **RetNet** (Sun et al. 2023): one decay ``gamma = exp(log_decay)`` per head,
+  constant in time: ``S_t = gamma S_{t-1} + k_t v_t^T``. It is GLA with the gate
+  broadcast over the channels and the tokens (:func:`retnet_recurrent`,
+  :func:`retnet_chunkwise` are thin wrappers that do exactly that).
+- **Mamba-2** (Dao and Gu 2024): one decay per head and per token, GLA with the
+  gate broadcast over the channels (:func:`fixedstate.ssm.ssd_recurrent`,
+  ``q = C``, ``k = B``, ``v = delta x``, ``log_gate = delta a``).
+- **HGRN2** (Qin et al. 2024): per-channel forget gate ``f_t`` and the key tied
+  to it, ``k_t = 1 - f_t``: GLA with ``log_gate = log f_t`` and
+  ``k_t = 1 - exp(log_gate_t)`` (:func:`hgrn2_recurrent`, :func:`hgrn2_chunkwise`).
+- **mLSTM** (Beck et al. 2024), without its max-stabiliser: a scalar forget gate
+  ``f_t`` and an exponential input gate ``i_t``: GLA with ``log_gate = log f_t``
+  broadcast over the channels and the key ``i_t k_t``; its normaliser
+  ``n_t = f_t n_{t-1} + i_t k_t`` is the state of a value column of ones, and
+  the output divides by ``max(|n_t^T q_t|, 1)`` (:func:`mlstm_recurrent`).
+
+Every function takes ``q, k, v`` positionally and the rest by keyword and
+returns ``(outputs, final_state)``. Shapes carry any leading axes (batch,
+heads, ...), which broadcast together: ``q, k`` ``(..., T, d_k)``, ``v``
+``(..., T, d_v)``, ``log_gate`` ``(..., T, d_k)``, ``initial_state``
+``(..., d_k, d_v)``; the one-token forms drop the ``T`` axis. float32 in,
+float32 out.
+
+Forms (they agree to float64 precision; the tests prove it):
+
+- :func:`gla_step`: one token, the equation as written;
+- :func:`gla_recurrent`: the scan over tokens;
+- :func:`gla_loop`: the token loop for one sequence, line by line the equation;
+- :func:`gla_chunk`: one chunk of the chunkwise form, written plainly;
+- :func:`gla_chunkwise`: the chunkwise-parallel form (``eq-fam-gla-chunk-out``,
+  ``eq-fam-gla-chunk-state``). With ``b_r`` the cumulative log-decay (per
+  channel) from a chunk's start through token ``r`` and ``S_0`` the state
+  entering the chunk,
+
+      o_r = sum_{i<=r} (q_r o e^{b_r - b_i})^T k_i v_i + (q_r o e^{b_r})^T S_0
+      S_C = Diag(e^{b_C}) S_0 + sum_i (k_i o e^{b_C - b_i}) v_i^T
+
+  The pair products ``sum_c q_rc k_ic e^{b_rc - b_ic}`` are built level by level
+  over halves of the chunk, each pair factored through the boundary between
+  its halves into two products of per-token decays ``<= 1``: KDA's
+  overflow-safe machinery (:func:`fixedstate.delta_rule._chunk_decays`), shared,
+  not copied. No exponent is ever positive and no ``1/Gamma`` is formed, so
+  log-decays of -100 per token are as safe as -0.01. The intra-chunk part is
+  computed for groups of chunks at once (sized to stay in cache); only the
+  ``(d_k, d_v)`` state is carried from chunk to chunk.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._threads import one_blas_thread
+from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_log_gate, check_positive_int,
+                        check_real_number, float_dtype)
+from .delta_rule import _chunk_decays   # KDA's overflow-safe per-channel pair products, shared with GLA
+from .delta_rule import _flat           # merges the leading axes into one
+
+__all__ = [
+    "gla_step", "gla_recurrent", "gla_chunkwise", "gla_loop", "gla_chunk",
+    "retnet_recurrent", "retnet_chunkwise", "retnet_log_decays",
+    "hgrn2_recurrent", "hgrn2_chunkwise", "mlstm_recurrent",
+]
+
+
+# --------------------------------------------------------------------------- validation
+
+def _prepare(q, k, v, log_gate, scale, initial_state, *, tokens=True, one_sequence=False):
+    """Validate; return the leading shape and q, k, v, log_gate, initial_state broadcast to it and cast."""
+    dtype = float_dtype(q, k, v, log_gate, initial_state)
+    tok = ("T",) if tokens else ()
+    n = len(tok) + 1
+    q = as_float_batch(q, "q", (None,) * n, tok + ("d_k",))
+    d_k = q.shape[-1]
+    tsize = (q.shape[-2],) if tokens else ()
+    k = as_float_batch(k, "k", tsize + (d_k,), tok + ("d_k",))
+    v = as_float_batch(v, "v", tsize + (None,), tok + ("d_v",))
+    d_v = v.shape[-1]
+    log_gate = check_log_gate(as_float_batch(log_gate, "log_gate", tsize + (d_k,), tok + ("d_k",),
+                                             allow_nonfinite=True))
+    items = [("q", q, n), ("k", k, n), ("v", v, n), ("log_gate", log_gate, n)]
+    if initial_state is not None:
+        initial_state = as_float_batch(initial_state, "initial_state", (d_k, d_v), ("d_k", "d_v"))
+        items.append(("initial_state", initial_state, 2))
+    scale = check_real_number(scale, "scale")
+    lead = broadcast_leading(*items)
+    if one_sequence:
+        for name, arr, n_core in items:
+            if arr.ndim > n_core:
+                raise ValueError(f"{name}: the reference functions take one sequence with no leading axes, got "
+                                 f"shape {arr.shape} (use gla_recurrent or gla_chunkwise for batches)")
+    return (lead,) + tuple(_fit(x, dtype, lead, n) for x in (q, k, v, log_gate)) + (
+        _fit(initial_state, dtype, lead, 2), scale)
+
+
+def _fit(arr, dtype, lead, n_core):
+    """``arr`` (or None) cast to ``dtype`` and broadcast to the leading axes ``lead`` (a view when possible)."""
+    if arr is None:
+        return None
+    arr = arr.astype(dtype, copy=False)
+    shape = lead + arr.shape[arr.ndim - n_core:]
+    return arr if arr.shape == shape else np.broadcast_to(arr, shape)
+
+
+def _run(form, q, k, v, log_gate, scale, initial_state, *extra):
+    lead, q, k, v, g, S, scale = _prepare(q, k, v, log_gate, scale, initial_state)
+    T, d_v = q.shape[-2], v.shape[-1]
+    out, S = form(_flat(q, lead, 2), _flat(k, lead, 2), _flat(v, lead, 2), _flat(g, lead, 2),
+                  _flat(S, lead, 2), scale, *extra)
+    return out.reshape(lead + (T, d_v)), S.reshape(lead + S.shape[1:])
+
+
+# --------------------------------------------------------------------------- one token and the scan
+
+def gla_step(q, k, v, *, log_gate, scale=1.0, initial_state=None):
+    """One GLA token: ``S_t = Diag(exp(log_gate)) S_{t-1} + k v^T``, ``o = scale * S_t^T q`` (``eq-fam-gla``).
+
+    Parameters
+    ----------
+    q, k : (..., d_k) arrays. v : (..., d_v) array.
+    log_gate : (..., d_k) per-channel log-decays <= 0, scaling the rows of S.
+    scale : number multiplying the readout (default 1).
+    initial_state : (..., d_k, d_v) array, the state before the token, or None (zeros).
+
+    Returns
+    -------
+    o : (..., d_v) array, read from the updated state.
+    state : (..., d_k, d_v) array, the new state (the one passed in is not modified).
+    """
+    lead, q, k, v, g, S, scale = _prepare(q, k, v, log_gate, scale, initial_state, tokens=False)
+    write = k[..., :, None] * v[..., None, :]                          # k v^T
+    S = write if S is None else np.exp(g)[..., :, None] * S + write    # Diag(alpha) S_{t-1} + k v^T
+    o = np.matmul(q[..., None, :], S)[..., 0, :]                       # S_t^T q
+    return (o * o.dtype.type(scale) if scale != 1.0 else o), S
+
+
+@one_blas_thread
+def _recurrent(q, k, v, log_gate, S, scale):
+    """The scan; q, k, log_gate: (B, T, d_k), v: (B, T, d_v), S: (B, d_k, d_v) or None."""
+    B, T, d_k = k.shape
+    d_v = v.shape[-1]
+    dtype = q.dtype
+    S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
+    decays = np.exp(log_gate)[..., None]                               # exponents <= 0
+    outputs = np.empty((B, T, d_v), dtype=dtype)
+    for t in range(T):
+        S *= decays[:, t]                                              # Diag(alpha_t) S_{t-1}
+        S += k[:, t, :, None] * v[:, t, None, :]                       # + k_t v_t^T
+        outputs[:, t] = np.matmul(q[:, t, None, :], S)[:, 0]           # S_t^T q_t
+    if scale != 1.0:
+        outputs *= dtype.type(scale)
+    return outputs, S
+
+
+def gla_recurrent(q, k, v, *, log_gate, scale=1.0, initial_state=None):
+    """GLA over a sequence, one token at a time (``eq-fam-gla``).
+
+    ``S_t = Diag(exp(log_gate_t)) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
+
+    Parameters
+    ----------
+    q, k : (..., T, d_k). v : (..., T, d_v).
+    log_gate : (..., T, d_k) per-channel log-decays <= 0.
+    scale : readout scale. initial_state : (..., d_k, d_v) or None (zeros).
+
+    Returns
+    -------
+    outputs : (..., T, d_v) array. final_state : (..., d_k, d_v) array.
+    """
+    return _run(_recurrent, q, k, v, log_gate, scale, initial_state)
+
+
+# --------------------------------------------------------------------------- reference functions
+
+def gla_loop(q, k, v, *, log_gate, scale=1.0, initial_state=None):
+    """The token loop of GLA for one sequence, ``eq-fam-gla``, written to be read beside the equation.
+
+    ``q, k`` (T, d_k), ``v`` (T, d_v), ``log_gate`` (T, d_k), no leading axes;
+    ``initial_state`` (d_k, d_v) or None (zeros). Returns the outputs (T, d_v)
+    and the final state (d_k, d_v).
+    """
+    _, q, k, v, log_gate, S, c = _prepare(q, k, v, log_gate, scale, initial_state, one_sequence=True)
+    S = np.zeros((k.shape[1], v.shape[1]), dtype=v.dtype) if S is None else S      # S_0
+    o = np.empty_like(v)
+    for t in range(len(q)):
+        alpha = np.exp(log_gate[t])                       # the decays alpha_t, one per key channel
+        S = alpha[:, None] * S + np.outer(k[t], v[t])     # eq-fam-gla: S_t = Diag(alpha_t) S_{t-1} + k_t v_t^T
+        o[t] = c * (S.T @ q[t])                           # o_t = c S_t^T q_t
+    return o, S
+
+
+def gla_chunk(q, k, v, *, log_gate, scale=1.0, initial_state=None):
+    """One chunk of GLA's chunkwise form, ``eq-fam-gla-chunk-out`` and ``eq-fam-gla-chunk-state``, line by line.
+
+    Given the chunk's ``C`` tokens (``q, k`` (C, d_k), ``v`` (C, d_v),
+    ``log_gate`` (C, d_k), no leading axes) and the incoming state ``S_0``
+    (``initial_state``, (d_k, d_v) or None for zeros), returns the chunk's
+    outputs (C, d_v) and the outgoing state ``S_C``. The per-channel decays
+    between pairs are formed here as a (C, C, d_k) array ``exp(b_r - b_i)`` with
+    the pairs ``i > r`` masked to ``-inf`` before the exponential, so every
+    exponent is ``<= 0``: plain, and ``d_k`` times the memory of the fast form,
+    which builds the same products level by level (:func:`gla_chunkwise`).
+    Applied chunk after chunk it gives what :func:`gla_recurrent` gives.
+    """
+    _, Q, K, V, log_gate, S0, c = _prepare(q, k, v, log_gate, scale, initial_state, one_sequence=True)
+    if len(Q) < 1:
+        raise ValueError(f"q: expected at least one token, got shape {Q.shape}")
+    S0 = np.zeros((K.shape[1], V.shape[1]), dtype=V.dtype) if S0 is None else S0
+    C = len(Q)
+    b = np.cumsum(log_gate, axis=0)                       # b_r = sum_{i<=r} log alpha_i, (C, d_k), <= 0
+    i_le_r = np.tril(np.ones((C, C), dtype=bool))[:, :, None]
+    D = np.exp(np.where(i_le_r, b[:, None, :] - b[None, :, :], -np.inf))    # D_ric = e^{b_rc - b_ic} if i <= r
+    A = np.einsum("rc,ric,ic->ri", Q, D, K)               # A_ri = sum_c q_rc e^{b_rc - b_ic} k_ic
+    O = c * (A @ V + (np.exp(b) * Q) @ S0)                # eq-fam-gla-chunk-out
+    S_C = np.exp(b[-1])[:, None] * S0 + (np.exp(b[-1] - b) * K).T @ V       # eq-fam-gla-chunk-state
+    return O.astype(V.dtype, copy=False), S_C.astype(V.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------- chunkwise form
+
+# The intra-chunk work runs over groups of consecutive chunks whose (tokens x d_k) arrays take
+# about _GROUP_BYTES, so that the level-by-level pair products stay in the processor's cache
+# (the result does not depend on the size).
+_GROUP_BYTES = 256 * 1024
+
+
+@one_blas_thread
+def _chunkwise(q, k, v, log_gate, S, scale, chunk_size):
+    """q, k, log_gate: (B, T, d_k); v: (B, T, d_v); S: (B, d_k, d_v) or None."""
+    B, T, d_k = k.shape
+    d_v = v.shape[-1]
+    dtype = q.dtype
+    C = chunk_size
+    C2 = 1 << (C - 1).bit_length()                  # C rounded up to a power of two (the levels need it)
+    n = max(1, -(-T // C))
+    N = B * n
+
+    def chunks(x, fill=0.0):
+        """(B, T, d) -> (B * n, C2, d): n chunks of C tokens, each padded to C2 with ``fill``."""
+        if n * C == T and C2 == C:
+            return np.ascontiguousarray(x).reshape(N, C2, x.shape[-1])
+        out = np.full((B, n, C2, x.shape[-1]), fill, dtype=dtype)
+        full = (T // C) * C
+        out[:, :T // C, :C] = x[:, :full].reshape(B, T // C, C, x.shape[-1])
+        if full < T:
+            out[:, -1, :T - full] = x[:, full:]
+        return out.reshape(N, C2, x.shape[-1])
+
+    # Padding tokens have q = k = 0 and decay 1: they neither write nor read nor decay.
+    qc, kc, vc = chunks(q), chunks(k), chunks(v)
+    alpha = chunks(np.exp(log_gate), fill=1.0)                      # per-token decays, exponents <= 0
+    out = np.empty((N, C2, d_v), dtype=dtype)
+    local = np.empty((N, d_k, d_v), dtype=dtype)
+    gamma = np.empty((N, C2, d_k), dtype=dtype)
+    group = max(1, _GROUP_BYTES // (C2 * max(d_k, d_v) * dtype.itemsize))
+    for g0 in range(0, N, group):
+        g = slice(g0, min(N, g0 + group))
+        m = g.stop - g0
+        qk = np.zeros((m, C2, C2), dtype=dtype)
+        kk = np.zeros((m, C2, C2), dtype=dtype)                     # (the delta rule's; unused here)
+        # e^{b_r} and e^{b_C - b_i}, and the decayed pair products sum_c q_rc k_ic e^{b_rc - b_ic}, i < r
+        gamma[g], to_end = _chunk_decays(alpha[g], q=qc[g], k=kc[g], qk=qk, kk=kk)
+        qk.reshape(m, C2 * C2)[:, ::C2 + 1] = np.einsum("nrc,nrc->nr", qc[g], kc[g])   # the pairs i = r
+        np.matmul(qk, vc[g], out=out[g])                             # eq-fam-gla-chunk-out, within the chunk
+        np.matmul((kc[g] * to_end).swapaxes(-1, -2), vc[g], out=local[g])   # eq-fam-gla-chunk-state, from zero
+    # the only sequential part: carry the state from chunk to chunk
+    local = local.reshape(B, n, d_k, d_v)
+    decay_last = gamma[:, -1].reshape(B, n, d_k, 1)                  # e^{b_C}
+    S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
+    entering = np.empty((B, n, d_k, d_v), dtype=dtype)
+    for j in range(n):
+        entering[:, j] = S
+        S *= decay_last[:, j]
+        S += local[:, j]
+    gamma *= qc                                                      # q_r o e^{b_r}
+    out += np.matmul(gamma, entering.reshape(N, d_k, d_v))           # + (q_r o e^{b_r})^T S_0
+    outputs = out.reshape(B, n * C2, d_v) if C2 == C else out.reshape(B, n, C2, d_v)[:, :, :C].reshape(B, n * C, d_v)
+    outputs = outputs[:, :T]
+    if scale != 1.0:
+        outputs = outputs * dtype.type(scale)
+    return np.ascontiguousarray(outputs), S
+
+
+def gla_chunkwise(q, k, v, *, log_gate, scale=1.0, initial_state=None, chunk_size=64):
+    """GLA in chunkwise-parallel form (``eq-fam-gla-chunk-out``, ``eq-fam-gla-chunk-state``).
+
+    Same arguments and results as :func:`gla_recurrent`, plus ``chunk_size``
+    (an integer >= 1; the length need not be a multiple of it; a chunk size
+    that is not a power of two is padded up to one inside each chunk). The
+    per-channel decay between tokens ``i <= r`` of a chunk, ``exp(b_r - b_i)``,
+    is never formed from ``exp(b_r) / exp(b_i)``: each pair is factored
+    through the boundary between the halves of the block where it meets,
+    ``exp(b_r - b_p) exp(b_p - b_i)``, both products of per-token decays <= 1
+    (the machinery KDA's chunkwise form uses), so no exponent is ever
+    positive, however strong the decays.
+    """
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    return _run(_chunkwise, q, k, v, log_gate, scale, initial_state, chunk_size)
+
+
+# --------------------------------------------------------------------------- special cases and relatives
+
+def _broadcast_gate(q, k, v, log_gate, name, *, per_token):
+    """A scalar log-decay per head (and per token if ``per_token``) broadcast to ``(..., T, d_k)``.
+
+    The result has the precision the layer computes in (a Python number is weak, as in numpy).
+    """
+    dtype = float_dtype(q, k, v, log_gate)
+    qa = as_float_batch(q, "q", (None, None), ("T", "d_k"))
+    T, d_k = qa.shape[-2:]
+    if per_token:
+        g = check_log_gate(as_float_batch(log_gate, name, (T,), ("T",), allow_nonfinite=True), name)
+        return g.astype(dtype, copy=False)[..., None] * np.ones(d_k, dtype=dtype)
+    g = check_log_gate(as_float_array(log_gate, name, allow_nonfinite=True), name).astype(dtype, copy=False)
+    return g[..., None, None] * np.ones((T, d_k), dtype=dtype)
+
+
+def retnet_log_decays(n_heads):
+    """RetNet's fixed per-head log-decays ``log(1 - 2^(-5 - h))``, ``h = 0, ..., n_heads - 1`` (``eq-fam-retnet``).
+
+    Returns a float64 array (n_heads,), to pass as ``log_decay``.
+    """
+    n_heads = check_positive_int(n_heads, "n_heads")
+    return np.log1p(-np.exp2(-5.0 - np.arange(n_heads)))
+
+
+def retnet_recurrent(q, k, v, *, log_decay, scale=1.0, initial_state=None):
+    """RetNet's retention, recurrent form (``eq-fam-retnet``).
+
+    ``S_t = gamma S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
+
+    ``gamma = exp(log_decay)``, one number per head, constant in time:
+    ``log_decay`` is a number or an array ``<= 0`` whose shape broadcasts
+    against the leading axes (``(H,)`` when they are ``(batch, H)``; see
+    :func:`retnet_log_decays`). It is :func:`gla_recurrent` with the gate
+    broadcast over tokens and channels. Other arguments and the results as
+    :func:`gla_recurrent`. (RetNet's group norm and swish gate are outside the
+    recurrence and not included.)
+    """
+    g = _broadcast_gate(q, k, v, log_decay, "log_decay", per_token=False)
+    return gla_recurrent(q, k, v, log_gate=g, scale=scale, initial_state=initial_state)
+
+
+def retnet_chunkwise(q, k, v, *, log_decay, scale=1.0, initial_state=None, chunk_size=64):
+    """RetNet's retention in chunkwise form: :func:`gla_chunkwise` with the scalar gate broadcast (``eq-fam-retnet``).
+
+    Arguments as :func:`retnet_recurrent`, plus ``chunk_size``.
+    """
+    g = _broadcast_gate(q, k, v, log_decay, "log_decay", per_token=False)
+    return gla_chunkwise(q, k, v, log_gate=g, scale=scale, initial_state=initial_state, chunk_size=chunk_size)
+
+
+def hgrn2_recurrent(q, v, *, log_gate, scale=1.0, initial_state=None):
+    """HGRN2's recurrence: GLA with the key tied to the forget gate, ``k_t = 1 - f_t`` (``eq-fam-hgrn2``).
+
+    ``S_t = Diag(f_t) S_{t-1} + (1 - f_t) v_t^T``, ``o_t = scale * S_t^T q_t``
+    with ``f_t = exp(log_gate_t)`` (per channel, (..., T, d_k)); ``q`` (..., T,
+    d_k) plays the output gate's role, ``v`` (..., T, d_v) the input. HGRN2's
+    lower bound on the forget gate (rising with depth) is the caller's choice
+    of ``log_gate``.
+    """
+    k = -np.expm1(as_float_batch(log_gate, "log_gate", (None, None), ("T", "d_k"), allow_nonfinite=True))
+    return gla_recurrent(q, k, v, log_gate=log_gate, scale=scale, initial_state=initial_state)
+
+
+def hgrn2_chunkwise(q, v, *, log_gate, scale=1.0, initial_state=None, chunk_size=64):
+    """HGRN2 in chunkwise form: :func:`gla_chunkwise` with ``k_t = 1 - exp(log_gate_t)`` (``eq-fam-hgrn2``)."""
+    k = -np.expm1(as_float_batch(log_gate, "log_gate", (None, None), ("T", "d_k"), allow_nonfinite=True))
+    return gla_chunkwise(q, k, v, log_gate=log_gate, scale=scale, initial_state=initial_state,
+                         chunk_size=chunk_size)
+
+
+def mlstm_recurrent(q, k, v, *, log_forget, log_input, scale=1.0, initial_state=None):
+    """The mLSTM cell without its max-stabiliser, as GLA with a normaliser column (``eq-fam-mlstm``).
+
+    ``S_t = f_t S_{t-1} + i_t k_t v_t^T``, ``n_t = f_t n_{t-1} + i_t k_t`` and
+    ``o_t = scale * S_t^T q_t / max(|n_t^T q_t|, 1)``, with the forget gate
+    ``f_t = exp(log_forget_t)`` (``log_forget <= 0``, (..., T)) and the
+    exponential input gate ``i_t = exp(log_input_t)`` ((..., T), any sign: it
+    is not bounded, which is why the paper adds a stabiliser; keep it moderate
+    here). The state returned is ``(..., d_k, d_v + 1)``, its last column
+    ``n``, as :mod:`fixedstate.linear_attention` keeps its normaliser;
+    ``initial_state`` likewise. (The paper's output gate and ``1/sqrt(d_k)`` key
+    scale are outside the recurrence: pass scaled keys.)
+    """
+    g = _broadcast_gate(q, k, v, log_forget, "log_forget", per_token=True)
+    ka = as_float_batch(k, "k", (None, None), ("T", "d_k"))
+    li = as_float_batch(log_input, "log_input", (ka.shape[-2],), ("T",))
+    va = as_float_batch(v, "v", (None, None), ("T", "d_v"))
+    ones = np.ones(va.shape[:-1] + (1,), dtype=va.dtype)
+    values = np.concatenate([va, ones], axis=-1)                      # the column of ones carries n_t
+    keys = np.exp(li)[..., None].astype(ka.dtype, copy=False) * ka    # i_t k_t
+    raw, S = gla_recurrent(q, keys, values, log_gate=g.astype(ka.dtype, copy=False), scale=1.0,
+                           initial_state=initial_state)
+    out = raw[..., :-1] / np.maximum(np.abs(raw[..., -1:]), 1.0)
+    return (out * out.dtype.type(scale) if scale != 1.0 else out), S

@@ -1,0 +1,320 @@
+"""Tests for fixedstate.delta_family: DeltaProduct, RWKV-7, Longhorn, parity.
+
+Reductions (DeltaProduct with n_h = 1 is DeltaNet and Gated DeltaNet; RWKV-7
+with the right choices is the gated delta rule, with no rank-one term it is
+GLA), form equalities (chunkwise = recurrent, step = scan, each equal to the
+transition written as a matrix), the parity tracker exact on long random
+strings, and the diagonal positive-decay layer's limit.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fixedstate import delta_family as df
+from fixedstate import delta_rule as dr
+from fixedstate import gated_linear_attention as gla
+
+SETTINGS = settings(max_examples=40, deadline=None)
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+def product_inputs(rng, lead, T, n_h, d_k, d_v, *, beta_max=2.0, unit=True):
+    q = rng.standard_normal(lead + (T, d_k))
+    k = rng.standard_normal(lead + (T, n_h, d_k))
+    if unit:
+        k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal(lead + (T, n_h, d_v))
+    beta = rng.uniform(0.0, beta_max, lead + (T, n_h))
+    log_gate = np.log(rng.uniform(0.5, 1.0, lead + (T,)))
+    return q, k, v, beta, log_gate
+
+
+# --------------------------------------------------------------------------- DeltaProduct
+
+@SETTINGS
+@given(T=st.integers(1, 30), d_k=st.integers(1, 5), d_v=st.integers(1, 4), lead=st.sampled_from([(), (2,), (2, 2)]),
+       gated=st.booleans(), with_init=st.booleans(), seed=st.integers(0, 10_000), chunk=st.integers(1, 16))
+def test_one_householder_step_is_deltanet(T, d_k, d_v, lead, gated, with_init, seed, chunk):
+    rng = np.random.default_rng(seed)
+    q, k, v, beta, lg = product_inputs(rng, lead, T, 1, d_k, d_v, beta_max=1.0)
+    S0 = rng.standard_normal(lead + (d_k, d_v)) if with_init else None
+    if gated:
+        o_ref, S_ref = dr.gated_delta_rule_recurrent(q, k[..., 0, :], v[..., 0, :], beta=beta[..., 0], log_gate=lg,
+                                                     initial_state=S0)
+    else:
+        lg = None
+        o_ref, S_ref = dr.delta_rule_recurrent(q, k[..., 0, :], v[..., 0, :], beta=beta[..., 0], initial_state=S0)
+    o, S = df.deltaproduct_recurrent(q, k, v, beta=beta, log_gate=lg, initial_state=S0)
+    assert rel_err(o, o_ref) <= 1e-13 and rel_err(S, S_ref) <= 1e-13
+    o, S = df.deltaproduct_chunkwise(q, k, v, beta=beta, log_gate=lg, initial_state=S0, chunk_size=chunk)
+    assert rel_err(o, o_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
+
+
+@SETTINGS
+@given(T=st.integers(1, 30), n_h=st.integers(1, 4), d_k=st.integers(1, 5), d_v=st.integers(1, 4),
+       lead=st.sampled_from([(), (3,)]), gated=st.booleans(), with_init=st.booleans(), seed=st.integers(0, 10_000),
+       chunk=st.integers(1, 24))
+def test_chunkwise_equals_recurrent(T, n_h, d_k, d_v, lead, gated, with_init, seed, chunk):
+    rng = np.random.default_rng(seed)
+    q, k, v, beta, lg = product_inputs(rng, lead, T, n_h, d_k, d_v)
+    lg = lg if gated else None
+    S0 = rng.standard_normal(lead + (d_k, d_v)) if with_init else None
+    o_r, S_r = df.deltaproduct_recurrent(q, k, v, beta=beta, log_gate=lg, initial_state=S0, scale=0.5)
+    o_c, S_c = df.deltaproduct_chunkwise(q, k, v, beta=beta, log_gate=lg, initial_state=S0, scale=0.5,
+                                         chunk_size=chunk)
+    assert o_c.shape == lead + (T, d_v) and S_c.shape == lead + (d_k, d_v)
+    assert rel_err(o_c, o_r) <= 1e-12 and rel_err(S_c, S_r) <= 1e-12
+
+
+@pytest.mark.parametrize("n_h", [1, 2, 3])
+def test_the_transition_is_a_product_of_householder_factors(n_h):
+    # S_t = H_{n_h} ... H_1 g_t S_{t-1} + (writes), H_j = I - beta_j k_j k_j^T, from the erase factors of chapter 3
+    rng = np.random.default_rng(n_h)
+    T, d_k, d_v = 6, 4, 3
+    q, k, v, beta, lg = product_inputs(rng, (), T, n_h, d_k, d_v)
+    S0 = rng.standard_normal((d_k, d_v))
+    o, S = df.deltaproduct_recurrent(q, k, v, beta=beta, log_gate=lg, initial_state=S0)
+    state = S0
+    for t in range(T):
+        M, write = np.exp(lg[t]) * np.eye(d_k), np.zeros((d_k, d_v))
+        for j in range(n_h):
+            H = np.eye(d_k) - beta[t, j] * np.outer(k[t, j], k[t, j])
+            M, write = H @ M, H @ write + beta[t, j] * np.outer(k[t, j], v[t, j])
+        state = M @ state + write
+        assert rel_err(o[t], state.T @ q[t]) <= 1e-12
+        assert np.linalg.matrix_rank(M - np.exp(lg[t]) * np.eye(d_k)) <= n_h   # identity plus rank n_h
+    assert rel_err(S, state) <= 1e-12
+
+
+def test_steps_equal_the_scan():
+    rng = np.random.default_rng(2)
+    q, k, v, beta, lg = product_inputs(rng, (2,), 8, 2, 3, 2)
+    o_r, S_r = df.deltaproduct_recurrent(q, k, v, beta=beta, log_gate=lg)
+    S = None
+    for t in range(8):
+        o, S = df.deltaproduct_step(q[:, t], k[:, t], v[:, t], beta=beta[:, t], log_gate=lg[:, t], initial_state=S)
+        assert rel_err(o, o_r[:, t]) <= 1e-14
+    assert rel_err(S, S_r) <= 1e-14
+
+
+def test_beta_up_to_two_is_accepted_and_beyond_refused():
+    rng = np.random.default_rng(3)
+    q, k, v, beta, _ = product_inputs(rng, (), 5, 2, 3, 2)
+    beta[:] = 2.0
+    df.deltaproduct_recurrent(q, k, v, beta=beta)
+    for bad in (2.01, -0.1, np.nan):
+        beta[1, 1] = bad
+        for fn in (df.deltaproduct_recurrent, df.deltaproduct_chunkwise):
+            with pytest.raises(ValueError, match="^beta"):
+                fn(q, k, v, beta=beta)
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("k", dict(k=np.ones((5, 3)))),                          # no n_h axis
+    ("v", dict(v=np.ones((5, 3, 2)))),                       # n_h differs from k's
+    ("beta", dict(beta=np.ones((5,)))),
+    ("log_gate", dict(log_gate=np.full(5, 0.1))),
+    ("log_gate", dict(log_gate=np.zeros((5, 2)))),
+    ("initial_state", dict(initial_state=np.zeros((2, 3)))),
+    ("scale", dict(scale="2")),
+    ("chunk_size", dict(chunk_size=0)),
+])
+def test_deltaproduct_bad_input_names_the_argument(name, kw):
+    rng = np.random.default_rng(4)
+    q, k, v, beta, _ = product_inputs(rng, (), 5, 2, 3, 2)
+    args = dict(q=q, k=k, v=v, beta=beta, log_gate=None)
+    args.update(kw)
+    chunk = {"chunk_size": args.pop("chunk_size")} if "chunk_size" in args else {}
+    with pytest.raises(ValueError, match="^" + name):
+        df.deltaproduct_chunkwise(args.pop("q"), args.pop("k"), args.pop("v"), **args, **chunk)
+
+
+# --------------------------------------------------------------------------- RWKV-7
+
+@SETTINGS
+@given(T=st.integers(1, 25), d_k=st.integers(1, 5), d_v=st.integers(1, 4), seed=st.integers(0, 10_000),
+       with_init=st.booleans())
+def test_rwkv7_with_the_right_choices_is_the_gated_delta_rule(T, d_k, d_v, seed, with_init):
+    # log_w = log g on every channel, a = -k, b = g beta k, key beta k
+    rng = np.random.default_rng(seed)
+    q, k, v, beta, lg = product_inputs(rng, (2,), T, 1, d_k, d_v, beta_max=1.0)
+    k, v, beta = k[..., 0, :], v[..., 0, :], beta[..., 0]
+    S0 = rng.standard_normal((2, d_k, d_v)) if with_init else None
+    o_ref, S_ref = dr.gated_delta_rule_recurrent(q, k, v, beta=beta, log_gate=lg, initial_state=S0)
+    g = np.exp(lg)[..., None]
+    o, S = df.rwkv7_recurrent(q, beta[..., None] * k, v, log_w=np.broadcast_to(lg[..., None], k.shape), a=-k,
+                              b=g * beta[..., None] * k, initial_state=S0)
+    assert rel_err(o, o_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
+
+
+def test_rwkv7_without_the_rank_one_term_is_gla():
+    rng = np.random.default_rng(5)
+    T, d_k, d_v = 12, 4, 3
+    q, k = rng.standard_normal((2, T, d_k))
+    v = rng.standard_normal((T, d_v))
+    lw = np.log(rng.uniform(0.3, 1.0, (T, d_k)))
+    zero = np.zeros((T, d_k))
+    o, S = df.rwkv7_recurrent(q, k, v, log_w=lw, a=zero, b=zero)
+    o_g, S_g = gla.gla_recurrent(q, k, v, log_gate=lw)
+    assert rel_err(o, o_g) <= 1e-14 and rel_err(S, S_g) <= 1e-14
+
+
+def test_rwkv7_is_the_papers_update_transposed():
+    # the paper: S_t = S_{t-1} (diag(w_t) - kappa_t^T (a_t o kappa_t)) + v_t^T k~_t, S of shape (d_v, d_k),
+    # read out as S_t r_t; kappa the normalised removal key, a the in-context learning rate in (0, 1)^{d_k}
+    rng = np.random.default_rng(6)
+    T, d_k, d_v = 15, 4, 3
+    r, k_rep = rng.standard_normal((2, T, d_k))
+    v = rng.standard_normal((T, d_v))
+    kappa = rng.standard_normal((T, d_k))
+    kappa /= np.linalg.norm(kappa, axis=-1, keepdims=True)
+    iclr = rng.uniform(0.0, 1.0, (T, d_k))
+    w = rng.uniform(0.4, 1.0, (T, d_k))
+    S_paper = np.zeros((d_v, d_k))
+    want = []
+    for t in range(T):
+        S_paper = S_paper @ (np.diag(w[t]) - np.outer(kappa[t], iclr[t] * kappa[t])) + np.outer(v[t], k_rep[t])
+        want.append(S_paper @ r[t])
+    o, S = df.rwkv7_recurrent(r, k_rep, v, log_w=np.log(w), a=-kappa, b=kappa * iclr)
+    assert rel_err(o, np.array(want)) <= 1e-12 and rel_err(S, S_paper.T) <= 1e-12
+    S1 = None
+    for t in range(T):
+        o1, S1 = df.rwkv7_step(r[t], k_rep[t], v[t], log_w=np.log(w[t]), a=-kappa[t], b=kappa[t] * iclr[t],
+                               initial_state=S1)
+        assert rel_err(o1, o[t]) <= 1e-14
+
+
+@pytest.mark.parametrize("name,kw", [("log_w", dict(log_w=np.full((4, 3), 0.5))), ("a", dict(a=np.ones((4, 2)))),
+                                     ("b", dict(b=np.ones(3))), ("v", dict(v=np.ones((3, 2))))])
+def test_rwkv7_bad_input_names_the_argument(name, kw):
+    args = dict(q=np.ones((4, 3)), k=np.ones((4, 3)), v=np.ones((4, 2)), log_w=-np.ones((4, 3)),
+                a=np.ones((4, 3)), b=np.ones((4, 3)))
+    args.update(kw)
+    with pytest.raises(ValueError, match="^" + name):
+        df.rwkv7_recurrent(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+# --------------------------------------------------------------------------- Longhorn
+
+def test_longhorn_is_the_diagonal_of_the_implicit_update():
+    rng = np.random.default_rng(7)
+    T, d_k, d_v = 14, 4, 3
+    q, k = rng.standard_normal((2, T, d_k))
+    v = rng.standard_normal((T, d_v))
+    beta = rng.uniform(0.0, 2.0, (T, d_v))
+    S = np.zeros((d_k, d_v))
+    want = []
+    for t in range(T):
+        for j in range(d_v):            # each value channel: the implicit step with k k^T kept on its diagonal
+            eps = beta[t, j] / (1 + beta[t, j] * k[t] @ k[t])
+            S[:, j] = (np.ones(d_k) - eps * k[t] ** 2) * S[:, j] + eps * v[t, j] * k[t]
+        want.append(S.T @ q[t])
+    o, S_out = df.longhorn_recurrent(q, k, v, beta=beta)
+    assert rel_err(o, np.array(want)) <= 1e-12 and rel_err(S_out, S) <= 1e-12
+
+
+def test_longhorn_with_one_hot_keys_solves_the_online_regression_exactly():
+    # with k = e_i, k k^T is diagonal, so Longhorn is the exact minimiser of |s - s_prev|^2 + beta (s^T k - v)^2
+    rng = np.random.default_rng(8)
+    d_k, d_v = 3, 2
+    S0 = rng.standard_normal((d_k, d_v))
+    k = np.eye(d_k)[[1]] * 1.0
+    v = rng.standard_normal((1, d_v))
+    beta = np.array([[0.7, 1.3]])
+    _, S = df.longhorn_recurrent(np.zeros((1, d_k)), k, v, beta=beta, initial_state=S0)
+    for j in range(d_v):
+        M = np.eye(d_k) + beta[0, j] * np.outer(k[0], k[0])
+        exact = np.linalg.solve(M, S0[:, j] + beta[0, j] * v[0, j] * k[0])
+        assert rel_err(S[:, j], exact) <= 1e-14
+
+
+def test_longhorn_refuses_negative_steps():
+    with pytest.raises(ValueError, match="^beta"):
+        df.longhorn_recurrent(np.ones((2, 3)), np.ones((2, 3)), np.ones((2, 2)), beta=-np.ones((2, 2)))
+
+
+# --------------------------------------------------------------------------- parity
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_reflection_tracks_parity_exactly_at_length_ten_thousand(dtype, seed):
+    bits = np.random.default_rng(seed).integers(0, 2, 10_000)
+    predicted, outputs = df.parity_delta_rule(bits, dtype=dtype)
+    assert outputs.dtype == dtype
+    assert np.array_equal(predicted, np.cumsum(bits) % 2)
+    assert np.array_equal(np.abs(outputs), np.ones(10_000))   # exactly +-1: no drift at any length
+
+
+def test_parity_on_a_string_of_ones_alternates():
+    predicted, outputs = df.parity_delta_rule(np.ones(1001, dtype=int))
+    assert df.sign_changes(outputs) == 1000 and predicted[-1] == 1
+
+
+@SETTINGS
+@given(d_k=st.integers(1, 6), seed=st.integers(0, 10_000), threshold=st.floats(-2.0, 2.0))
+def test_a_diagonal_positive_decay_layer_changes_sign_at_most_d_k_times_on_ones(d_k, seed, threshold):
+    # the argument of the docstring: on 1^T the readout is an exponential polynomial of at most d_k + 1 terms
+    rng = np.random.default_rng(seed)
+    log_gates = np.log(rng.uniform(0.05, 1.0, (2, d_k)))
+    log_gates[:, rng.integers(0, d_k)] = 0.0                # a channel without decay, whose state grows with t
+    out = df.diagonal_parity_layer(np.ones(300, dtype=int), log_gates=log_gates, keys=rng.standard_normal((2, d_k)),
+                                   values=rng.standard_normal((2, 1)), query=rng.standard_normal(d_k),
+                                   initial_state=rng.standard_normal((d_k, 1)))
+    assert df.sign_changes(out[:, 0], threshold) <= d_k
+    truth = 1.0 - 2.0 * (np.arange(1, 301) % 2)             # the parity of 1^t as +-1
+    errors = np.sum(np.sign(out[:, 0] - threshold) != truth)
+    assert errors >= (300 - d_k) // 2 - 1
+
+
+def test_even_the_best_fitted_diagonal_layer_is_near_chance_on_random_strings():
+    rng = np.random.default_rng(9)
+    bits = rng.integers(0, 2, 3000)
+    for _ in range(3):
+        log_gates = np.log(rng.uniform(0.05, 1.0, (2, 16)))
+        accuracy, fitted = df.fit_diagonal_parity(bits, log_gates)
+        assert fitted.shape == (3000,)
+        assert accuracy < 0.6
+    predicted, _ = df.parity_delta_rule(bits)
+    assert np.mean(predicted == df.parity(bits)) == 1.0
+
+
+def test_the_diagonal_layer_is_gla():
+    rng = np.random.default_rng(10)
+    bits = rng.integers(0, 2, 20)
+    lg, keys, values, query = np.log(rng.uniform(0.3, 1, (2, 3))), rng.standard_normal((2, 3)), \
+        rng.standard_normal((2, 2)), rng.standard_normal(3)
+    out = df.diagonal_parity_layer(bits, log_gates=lg, keys=keys, values=values, query=query)
+    want, _ = gla.gla_recurrent(np.tile(query, (20, 1)), keys[bits], values[bits], log_gate=lg[bits])
+    assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("bad", [np.array([0, 2, 1]), np.array([[0, 1]]), np.array([]), np.array([0.0, 1.0])])
+def test_bits_must_be_zeros_and_ones(bad):
+    with pytest.raises(ValueError, match="^bits"):
+        df.parity_delta_rule(bad)
+
+
+def test_diagonal_layer_refuses_positive_log_gates():
+    with pytest.raises(ValueError, match="^log_gates"):
+        df.diagonal_parity_layer([0, 1], log_gates=np.full((2, 2), 0.1), keys=np.ones((2, 2)), values=np.ones((2, 1)),
+                                 query=np.ones(2))
+
+
+@pytest.mark.parametrize("form", ["dp_step", "dp_rec", "dp_chunk", "rwkv7", "longhorn"])
+def test_float32_in_float32_out(form):
+    rng = np.random.default_rng(11)
+    q, k, v, beta, lg = (x.astype(np.float32) for x in product_inputs(rng, (2,), 6, 2, 3, 2))
+    k1, v1 = k[..., 0, :], v[..., 0, :]
+    calls = {
+        "dp_step": lambda: df.deltaproduct_step(q[:, 0], k[:, 0], v[:, 0], beta=beta[:, 0], log_gate=lg[:, 0]),
+        "dp_rec": lambda: df.deltaproduct_recurrent(q, k, v, beta=beta, log_gate=lg, scale=0.5),
+        "dp_chunk": lambda: df.deltaproduct_chunkwise(q, k, v, beta=beta, log_gate=lg, chunk_size=4),
+        "rwkv7": lambda: df.rwkv7_recurrent(q, k1, v1, log_w=-np.abs(k1), a=-k1, b=k1, scale=0.5),
+        "longhorn": lambda: df.longhorn_recurrent(q, k1, v1, beta=np.abs(v1), scale=0.5),
+    }
+    o, S = calls[form]()
+    assert o.dtype == np.float32 and S.dtype == np.float32
