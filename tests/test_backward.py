@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from fixedstate import delta_rule as dr
 from fixedstate import gradcheck as gc
 from fixedstate import linear_attention as la
 from fixedstate import softmax_attention as sa
@@ -194,6 +195,103 @@ def test_linear_attention_backward_float32_and_validation():
         la.linear_attention_backward(q, k, v, np.stack([w, w, w]), initial_state=np.stack([s0, s0]))
     with pytest.raises(ValueError, match="scale"):
         la.linear_attention_backward(q, k, v, w, scale="1")
+
+
+# ---------------------------------------------------------------- the delta rule family
+
+DELTA_FORMS = {"delta": (dr.delta_rule_recurrent, dr.delta_rule_backward, None),
+               "gated": (dr.gated_delta_rule_recurrent, dr.gated_delta_rule_backward, "scalar"),
+               "kda": (dr.kda_recurrent, dr.kda_backward, "channel")}
+
+
+def _delta_case(form, seed, lead, t, d_k, d_v, with_state, scale, thin_lead=None):
+    forward, backward, gate = DELTA_FORMS[form]
+    rng = np.random.default_rng(seed)
+    small = lead if thin_lead is None else thin_lead          # the leading axes of beta and the gate
+    inputs = dict(q=_normal(rng, *lead, t, d_k), k=_normal(rng, *small, t, d_k), v=_normal(rng, *lead, t, d_v),
+                  beta=rng.uniform(0.05, 0.95, small + (t,)))
+    if gate is not None:
+        inputs["log_gate"] = -rng.uniform(0.05, 1.5, small + (t,) + ((d_k,) if gate == "channel" else ()))
+    if with_state:
+        inputs["initial_state"] = _normal(rng, *small, d_k, d_v)
+    f = lambda q, k, v, **kw: forward(q, k, v, scale=scale, **kw)  # noqa: E731
+
+    def grads(w_out, w_state):
+        got = list(backward(**inputs, d_out=w_out, scale=scale, d_final_state=w_state))
+        assert len(got) == (5 if gate is None else 6)
+        assert got[-1].shape == (inputs["initial_state"].shape if with_state else lead + (d_k, d_v))
+        if not with_state:
+            got.pop()
+        assert [g.shape for g in got] == [a.shape for a in inputs.values()]
+        assert all(g.dtype == np.float64 for g in got)
+        return dict(zip(inputs, got))
+    return f, inputs, grads
+
+
+@SETTINGS
+@given(form=st.sampled_from(sorted(DELTA_FORMS)), seed=st.integers(0, 2**32 - 1), lead=LEADS, t=st.integers(1, 9),
+       d_k=st.integers(1, 5), d_v=st.integers(1, 5), with_state=st.booleans(), scale=st.sampled_from([1.0, 0.4]))
+def test_delta_rule_backward_matches_finite_differences(form, seed, lead, t, d_k, d_v, with_state, scale):
+    _check(*_delta_case(form, seed, lead, t, d_k, d_v, with_state, scale), seed=seed)
+
+
+@pytest.mark.parametrize("form", sorted(DELTA_FORMS))
+def test_delta_rule_backward_sums_over_broadcast_axes(form):
+    _check(*_delta_case(form, 7, (2, 3), 4, 3, 2, True, 0.5, thin_lead=(1, 3)))
+
+
+def test_delta_rule_backward_with_unit_keys_and_full_write():
+    """beta |k|^2 = 1: the erase factor is a projection (its gradient path included), an edge of the domain."""
+    rng = np.random.default_rng(8)
+    k = _normal(rng, 5, 3)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    inputs = dict(q=_normal(rng, 5, 3), k=k, v=_normal(rng, 5, 2), initial_state=_normal(rng, 3, 2))
+    beta, log_gate = np.ones(5), np.zeros(5)
+    f = lambda q, k, v, initial_state: dr.gated_delta_rule_recurrent(  # noqa: E731
+        q, k, v, beta=beta, log_gate=log_gate, initial_state=initial_state)
+
+    def grads(w_out, w_state):
+        dq, dk, dv, _, _, ds0 = dr.gated_delta_rule_backward(**inputs, d_out=w_out, beta=beta, log_gate=log_gate,
+                                                             d_final_state=w_state)
+        return dict(q=dq, k=dk, v=dv, initial_state=ds0)
+    _check(f, inputs, grads)
+
+
+@pytest.mark.parametrize("form", sorted(DELTA_FORMS))
+def test_delta_rule_backward_float32(form):
+    _, backward, gate = DELTA_FORMS[form]
+    rng = np.random.default_rng(9)
+    args = [_normal(rng, 2, 6, 3), _normal(rng, 2, 6, 3), _normal(rng, 2, 6, 2), _normal(rng, 2, 6, 2)]
+    kw = dict(beta=rng.uniform(0.1, 0.9, (2, 6)), initial_state=_normal(rng, 2, 3, 2), d_final_state=_normal(rng, 3, 2))
+    if gate is not None:
+        kw["log_gate"] = -rng.uniform(0.1, 1, (2, 6) + ((3,) if gate == "channel" else ()))
+    want = backward(*args, **kw)
+    got = backward(*(a.astype(np.float32) for a in args), **{n: a.astype(np.float32) for n, a in kw.items()})
+    for g32, g64 in zip(got, want):
+        assert g32.dtype == np.float32
+        np.testing.assert_allclose(g32, g64, rtol=1e-4, atol=1e-5 * np.abs(g64).max())
+
+
+def test_delta_rule_backward_validation():
+    rng = np.random.default_rng(10)
+    q, k, v, w = _normal(rng, 4, 3), _normal(rng, 4, 3), _normal(rng, 4, 2), _normal(rng, 4, 2)
+    beta, lg = np.full(4, 0.5), np.full(4, -0.1)
+    with pytest.raises(ValueError, match="d_out"):
+        dr.gated_delta_rule_backward(q, k, v, w[:3], beta=beta, log_gate=lg)
+    with pytest.raises(ValueError, match="beta"):
+        dr.gated_delta_rule_backward(q, k, v, w, beta=beta + 1, log_gate=lg)
+    with pytest.raises(ValueError, match="log_gate"):
+        dr.gated_delta_rule_backward(q, k, v, w, beta=beta, log_gate=-lg)
+    with pytest.raises(ValueError, match="log_gate"):
+        dr.kda_backward(q, k, v, w, beta=beta, log_gate=lg)
+    with pytest.raises(ValueError, match="d_final_state"):
+        dr.delta_rule_backward(q, k, v, w, beta=beta, d_final_state=np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="initial_state"):
+        dr.delta_rule_backward(q, k, v, w, beta=beta, initial_state=np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="q"):
+        dr.delta_rule_backward(q[:0], k[:0], v[:0], w[:0], beta=beta[:0])
+    with pytest.raises(ValueError, match="^d_out"):
+        dr.delta_rule_backward(q, k, v, np.stack([w, w]), beta=np.stack([beta] * 3))
 
 
 # ---------------------------------------------------------------- the checker
