@@ -489,7 +489,7 @@ def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64
 # every width, pair count and seed. Nothing else is tuned.
 SWEEP = {
     "mixers": ("softmax", "linear", "deltanet", "gated_deltanet", "ssd", "hybrid"),
-    "d_models": (8, 16, 32),
+    "d_models": (8, 16),
     "n_pairs": (4, 8),
     "seeds": (0, 1, 2),
     "steps": 300,
