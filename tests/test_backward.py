@@ -26,6 +26,7 @@ from fixedstate import delta_rule as dr
 from fixedstate import gradcheck as gc
 from fixedstate import linear_attention as la
 from fixedstate import softmax_attention as sa
+from fixedstate import ssm
 
 SETTINGS = settings(max_examples=12, deadline=None)
 TOL = 1e-6
@@ -292,6 +293,160 @@ def test_delta_rule_backward_validation():
         dr.delta_rule_backward(q[:0], k[:0], v[:0], w[:0], beta=beta[:0])
     with pytest.raises(ValueError, match="^d_out"):
         dr.delta_rule_backward(q, k, v, np.stack([w, w]), beta=np.stack([beta] * 3))
+
+
+# ---------------------------------------------------------------- Mamba-2 (SSD) and Mamba's selective scan
+
+def _ssd_case(seed, lead, t, n, p, with_d, with_state, thin=False):
+    rng = np.random.default_rng(seed)
+    heads = lead[-1:]                                          # a and D: one per head
+    small = tuple(1 for _ in lead) if thin else lead           # B, C and the state shared across leading axes
+    inputs = dict(x=_normal(rng, *lead, t, p), delta=rng.uniform(0.1, 1.5, lead + (t,)),
+                  a=-rng.uniform(0.1, 1.5, heads), B=_normal(rng, *small, t, n), C=_normal(rng, *lead, t, n))
+    if with_d:
+        inputs["D"] = _normal(rng, *heads)
+    if with_state:
+        inputs["initial_state"] = _normal(rng, *small, n, p)
+
+    def grads(w_y, w_state):
+        got = list(ssm.ssd_backward(**inputs, d_y=w_y, d_final_state=w_state))
+        assert (got[5] is None) == (not with_d)
+        assert got[6].shape == (inputs["initial_state"].shape if with_state else lead + (n, p))
+        got = [g for g, keep in zip(got, [True] * 5 + [with_d, with_state]) if keep]
+        assert [g.shape for g in got] == [a.shape for a in inputs.values()]
+        return dict(zip(inputs, got))
+    return (lambda **kw: ssm.ssd_recurrent(**kw)), inputs, grads
+
+
+def _selective_case(seed, lead, t, d, n, d_kind, with_state, thin=False):
+    rng = np.random.default_rng(seed)
+    small = tuple(1 for _ in lead) if thin else lead
+    inputs = dict(x=_normal(rng, *lead, t, d), delta=rng.uniform(0.1, 1.5, small + (t, d)),
+                  A=-rng.uniform(0.1, 1.5, (d, n)), B=_normal(rng, *small, t, n), C=_normal(rng, *lead, t, n))
+    if d_kind is not None:
+        inputs["D"] = _normal(rng, *((d,) if d_kind == "vector" else ()))
+    if with_state:
+        inputs["initial_state"] = _normal(rng, *small, d, n)
+
+    def grads(w_y, w_state):
+        got = list(ssm.selective_scan_backward(**inputs, d_y=w_y, d_final_state=w_state))
+        assert (got[5] is None) == (d_kind is None)
+        got = [g for g, keep in zip(got, [True] * 5 + [d_kind is not None, with_state]) if keep]
+        assert [g.shape for g in got] == [a.shape for a in inputs.values()]
+        return dict(zip(inputs, got))
+    return (lambda **kw: ssm.selective_scan_sequential(**kw)), inputs, grads
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), lead=LEADS, t=st.integers(1, 9), n=st.integers(1, 5), p=st.integers(1, 5),
+       with_d=st.booleans(), with_state=st.booleans())
+def test_ssd_backward_matches_finite_differences(seed, lead, t, n, p, with_d, with_state):
+    _check(*_ssd_case(seed, lead, t, n, p, with_d, with_state), seed=seed)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), lead=LEADS, t=st.integers(1, 9), d=st.integers(1, 5), n=st.integers(1, 5),
+       d_kind=st.sampled_from([None, "scalar", "vector"]), with_state=st.booleans())
+def test_selective_scan_backward_matches_finite_differences(seed, lead, t, d, n, d_kind, with_state):
+    _check(*_selective_case(seed, lead, t, d, n, d_kind, with_state), seed=seed)
+
+
+def test_ssm_backward_sums_over_broadcast_axes():
+    _check(*_ssd_case(11, (3, 2), 5, 3, 2, True, True, thin=True))
+    _check(*_selective_case(12, (3, 2), 5, 2, 3, "vector", True, thin=True))
+
+
+def test_ssd_backward_is_gated_linear_attention_backward():
+    """With delta = 1 the SSD is gated linear attention with log-decay a: the same gradients for C, B, x."""
+    rng = np.random.default_rng(13)
+    x, B, C, w = _normal(rng, 6, 2), _normal(rng, 6, 3), _normal(rng, 6, 3), _normal(rng, 6, 2)
+    a = -0.3
+    ssd = ssm.ssd_backward(x, np.ones(6), a, B, C, w)
+    lin = la.linear_attention_backward(C, B, x, w, log_gate=np.full(6, a))
+    for got, want in zip((ssd[4], ssd[3], ssd[0], ssd[6]), (lin[0], lin[1], lin[2], lin[4])):
+        np.testing.assert_allclose(got, want, rtol=1e-14, atol=0)
+    np.testing.assert_allclose(ssd[2], lin[3].sum(), rtol=1e-13)   # da = sum_t delta_t dlog_gate_t
+
+
+@pytest.mark.parametrize("which", ["ssd", "selective"])
+def test_ssm_backward_float32(which):
+    case = _ssd_case(14, (2,), 6, 3, 2, True, True) if which == "ssd" else _selective_case(14, (2,), 6, 2, 3,
+                                                                                            "vector", True)
+    _, inputs, _ = case
+    backward = ssm.ssd_backward if which == "ssd" else ssm.selective_scan_backward
+    rng = np.random.default_rng(15)
+    y_shape = inputs["x"].shape
+    w_y, w_s = rng.standard_normal(y_shape), rng.standard_normal(inputs["initial_state"].shape)
+    want = backward(**inputs, d_y=w_y, d_final_state=w_s)
+    got = backward(**{n: a.astype(np.float32) for n, a in inputs.items()}, d_y=w_y.astype(np.float32),
+                   d_final_state=w_s.astype(np.float32))
+    for g32, g64 in zip(got, want):
+        assert g32.dtype == np.float32
+        np.testing.assert_allclose(g32, g64, rtol=1e-4, atol=1e-5 * np.abs(g64).max())
+
+
+def test_ssm_backward_validation():
+    rng = np.random.default_rng(16)
+    x, B, C, w = _normal(rng, 5, 2), _normal(rng, 5, 3), _normal(rng, 5, 3), _normal(rng, 5, 2)
+    delta = np.full(5, 0.5)
+    with pytest.raises(ValueError, match="^d_y"):
+        ssm.ssd_backward(x, delta, -0.5, B, C, w[:4])
+    with pytest.raises(ValueError, match="^delta"):
+        ssm.ssd_backward(x, -delta, -0.5, B, C, w)
+    with pytest.raises(ValueError, match="^a"):
+        ssm.ssd_backward(x, delta, 0.5, B, C, w)
+    with pytest.raises(ValueError, match="^C"):
+        ssm.ssd_backward(x, delta, -0.5, B, C[:, :2], w)
+    with pytest.raises(ValueError, match="^d_final_state"):
+        ssm.ssd_backward(x, delta, -0.5, B, C, w, d_final_state=np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="^initial_state"):
+        ssm.ssd_backward(x, delta, -0.5, B, C, w, initial_state=np.zeros((2, 3)))
+    A, deltas = -np.ones((2, 3)), np.full((5, 2), 0.5)
+    with pytest.raises(ValueError, match="^d_y"):
+        ssm.selective_scan_backward(x, deltas, A, B, C, w[:, :1])
+    with pytest.raises(ValueError, match="^A"):
+        ssm.selective_scan_backward(x, deltas, A.T, B, C, w)
+    with pytest.raises(ValueError, match="^delta"):
+        ssm.selective_scan_backward(x, -deltas, A, B, C, w)
+    with pytest.raises(ValueError, match="^d_final_state"):
+        ssm.selective_scan_backward(x, deltas, A, B, C, w, d_final_state=np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="^D"):
+        ssm.selective_scan_backward(x, deltas, A, B, C, w, D=np.ones(3))
+
+
+# ---------------------------------------------------------------- precision of every backward pass
+
+def _calls():
+    """One call of each attention-like backward pass on inputs cast by ``c`` (integer-valued, so ints work)."""
+    rng = np.random.default_rng(17)
+    base = dict(q=rng.integers(-2, 3, (4, 3)), k=rng.integers(-1, 2, (4, 3)), v=rng.integers(-2, 3, (4, 2)),
+                w=rng.integers(-2, 3, (4, 2)), s=rng.integers(-1, 2, (3, 2)), gate=-np.ones(4, dtype=int),
+                gates=-np.ones((4, 3), dtype=int), beta=np.ones(4, dtype=int))
+    return {
+        "softmax": lambda c: sa.softmax_attention_backward(c("q"), c("k"), c("v"), c("w")),
+        "linear": lambda c: la.linear_attention_backward(c("q"), c("k"), c("v"), c("w"), log_gate=c("gate"),
+                                                         initial_state=c("s"), d_final_state=c("s")),
+        "delta": lambda c: dr.delta_rule_backward(c("q"), c("k"), c("v"), c("w"), beta=c("beta"),
+                                                  initial_state=c("s"), d_final_state=c("s")),
+        "gated": lambda c: dr.gated_delta_rule_backward(c("q"), c("k"), c("v"), c("w"), beta=c("beta"),
+                                                        log_gate=c("gate"), initial_state=c("s"), d_final_state=c("s")),
+        "kda": lambda c: dr.kda_backward(c("q"), c("k"), c("v"), c("w"), beta=c("beta"), log_gate=c("gates"),
+                                         initial_state=c("s"), d_final_state=c("s")),
+    }, base
+
+
+CALLS, BASE = _calls()
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+@pytest.mark.parametrize("dtype, expected", [(np.float32, np.float32), (np.float64, np.float64),
+                                             (np.int64, np.float64), (np.float16, np.float32)])
+def test_every_backward_keeps_the_input_precision(name, dtype, expected):
+    got = CALLS[name](lambda key: BASE[key].astype(dtype))
+    want = CALLS[name](lambda key: BASE[key].astype(np.float64))
+    for g, w in zip(got, want):
+        assert g.dtype == expected, (name, g.dtype)
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
 
 
 # ---------------------------------------------------------------- the checker

@@ -765,13 +765,13 @@ def _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_stat
     lead, Q, K, V, Beta, G, S0, c = _prepare(q, k, v, beta, log_gate, scale, initial_state, gate=gate,
                                              min_length=1)
     T, d_k, d_v = Q.shape[-2], Q.shape[-1], V.shape[-1]
+    dtype = float_dtype(Q, d_out, d_final_state)                   # as the forward: float16 counts as float32
     d_out = as_float_batch(d_out, "d_out", (T, d_v), ("T", "d_v"))
     items = [("q", Q, 2), ("d_out", d_out, 2)]
     if d_final_state is not None:
         d_final_state = as_float_batch(d_final_state, "d_final_state", (d_k, d_v), ("d_k", "d_v"))
         items.append(("d_final_state", d_final_state, 2))
     lead = broadcast_leading(*items)
-    dtype = float_dtype(Q, d_out, d_final_state)
     channelwise = gate == "channel"
 
     def fit(a, n):

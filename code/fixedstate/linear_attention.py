@@ -453,6 +453,7 @@ def linear_attention_backward(q, k, v, d_out, *, log_gate=None, scale=1.0, initi
     Every gradient is summed over the leading axes along which its input was
     broadcast, and has the common floating precision of the arguments.
     """
+    dtype = float_dtype(q, k, v, d_out, log_gate, initial_state, d_final_state)   # float16 counts as float32
     _, q, k, v, s0, _, c = _prepare(q, k, v, identity_feature_map, False, 1e-12, scale, initial_state)
     T, d_k, d_v = q.shape[-2], q.shape[-1], v.shape[-1]
     d_out = as_float_batch(d_out, "d_out", (T, d_v), ("T", "d_v"))
@@ -467,7 +468,6 @@ def linear_attention_backward(q, k, v, d_out, *, log_gate=None, scale=1.0, initi
         d_final_state = as_float_batch(d_final_state, "d_final_state", (d_k, d_v), ("d_k", "d_v"))
         items.append(("d_final_state", d_final_state, 2))
     lead = broadcast_leading(*items)
-    dtype = float_dtype(q, k, v, d_out, log_gate, s0, d_final_state)
     fit = lambda a, n: np.broadcast_to(a.astype(dtype, copy=False), lead + a.shape[a.ndim - n:])  # noqa: E731
     Q, K, V, dO = fit(q, 2), fit(k, 2), fit(v, 2), fit(d_out, 2)
     gates = None if log_gate is None else np.exp(fit(log_gate, 1))       # g_t = exp(log_gate_t) <= 1

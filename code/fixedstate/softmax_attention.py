@@ -349,10 +349,10 @@ def softmax_attention_backward(q, k, v, d_out, *, causal: bool = True, scale=Non
         axes along which an input was broadcast), in the common floating precision.
     """
     causal = _check_causal(causal)
+    dtype = float_dtype(q, k, v, d_out)                           # float16 counts as float32
     q, k, v, _ = _prepare(q, k, v, None, causal=causal)
     d_out = as_float_batch(d_out, "d_out", (q.shape[-2], v.shape[-1]), ("T", "d_v"))
     broadcast_leading(("q", q, 2), ("k", k, 2), ("v", v, 2), ("d_out", d_out, 2))
-    dtype = float_dtype(q, k, v, d_out)
     q, k, v, d_out = (a.astype(dtype, copy=False) for a in (q, k, v, d_out))
     c = dtype.type(_scale(scale, q.shape[-1]))
     weights = attention_weights(q, k, causal=causal, scale=scale)           # A, (..., T, m)
