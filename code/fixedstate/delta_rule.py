@@ -753,7 +753,7 @@ def kda_chunkwise(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None, chu
 #
 # and each token reads its gradients off dS_t (the derivation is in chapter 9).
 
-from ._grad import sum_to  # noqa: E402  (kept here so that the section stands alone)
+from ._grad import sum_to, time_major  # noqa: E402  (kept here so that the section stands alone)
 
 __all__ += ["gated_delta_rule_backward", "delta_rule_backward", "kda_backward"]
 
@@ -776,47 +776,50 @@ def _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_stat
 
     def fit(a, n):
         return None if a is None else np.broadcast_to(a.astype(dtype, copy=False), lead + a.shape[a.ndim - n:])
-    Q, K, V, Beta, dO, G, S0 = fit(Q, 2), fit(K, 2), fit(V, 2), fit(Beta, 1), fit(d_out, 2), \
-        fit(G, 1 + channelwise), fit(S0, 2)
+    # time-major copies (token t is Q[t], contiguous), broadcast to the leading axes
+    Q, K, V, dO = (time_major(fit(a, 2), -2) for a in (Q, K, V, d_out))
+    Beta = time_major(fit(Beta, 1), -1)
+    decays = None if G is None else time_major(np.exp(fit(G, 1 + channelwise)), -1 - channelwise)
+    S0 = fit(S0, 2)
     c = dtype.type(c)
 
     # the forward again with _step, storing the state before (S_{t-1}) and after (S_t) each token
-    before = np.empty(lead + (T, d_k, d_v), dtype=dtype)
+    before = np.empty((T,) + lead + (d_k, d_v), dtype=dtype)
     after = np.empty_like(before)
     S = np.zeros(lead + (d_k, d_v), dtype=dtype) if S0 is None else S0
+    G = None if G is None else time_major(fit(G, 1 + channelwise), -1 - channelwise)
     for t in range(T):
-        before[..., t, :, :] = S
-        gate_t = None if G is None else (G[..., t, :] if channelwise else G[..., t])
-        _, S = _step(Q[..., t, :], K[..., t, :], V[..., t, :], Beta[..., t], gate_t, S, 1.0, channelwise)
-        after[..., t, :, :] = S
+        before[t] = S
+        _, S = _step(Q[t], K[t], V[t], Beta[t], None if G is None else G[t], S, 1.0, channelwise)
+        after[t] = S
 
     # the gradient of the state, backwards in time
     dS = np.zeros(lead + (d_k, d_v), dtype=dtype) if d_final_state is None else fit(d_final_state, 2).copy()
-    dk, dv = np.empty(lead + (T, d_k), dtype=dtype), np.empty(lead + (T, d_v), dtype=dtype)
-    dbeta = np.empty(lead + (T,), dtype=dtype)
+    dk, dv = np.empty((T,) + lead + (d_k,), dtype=dtype), np.empty((T,) + lead + (d_v,), dtype=dtype)
+    dbeta = np.empty((T,) + lead, dtype=dtype)
     dgate = None if G is None else np.empty(G.shape, dtype=dtype)
     for t in range(T - 1, -1, -1):
-        k_t, b_t = K[..., t, :], Beta[..., t, None]
-        dS = dS + c * (Q[..., t, :, None] * dO[..., t, None, :])               # + scale q_t do_t^T
+        k_t, b_t = K[t], Beta[t][..., None]
+        dS += c * (Q[t][..., :, None] * dO[t][..., None, :])                    # + scale q_t do_t^T
         if G is None:
-            decay, decayed = None, before[..., t, :, :]
+            decay, decayed = None, before[t]
         else:
-            decay = np.exp(G[..., t, :, None] if channelwise else G[..., t, None, None])
-            decayed = decay * before[..., t, :, :]                              # P_t = G_t S_{t-1}
-        error = V[..., t, :] - (k_t[..., None, :] @ decayed)[..., 0, :]         # e_t = v_t - P_t^T k_t
+            decay = decays[t][..., :, None] if channelwise else decays[t][..., None, None]
+            decayed = decay * before[t]                                         # P_t = G_t S_{t-1}
+        error = V[t] - (k_t[..., None, :] @ decayed)[..., 0, :]                 # e_t = v_t - P_t^T k_t
         dS_k = (k_t[..., None, :] @ dS)[..., 0, :]                              # dS_t^T k_t
         dS_e = (dS @ error[..., :, None])[..., 0]                               # dS_t e_t
-        dbeta[..., t] = np.sum(k_t * dS_e, axis=-1)                             # k_t^T dS_t e_t
-        dv[..., t, :] = b_t * dS_k
-        dk[..., t, :] = b_t * (dS_e - (decayed @ dS_k[..., :, None])[..., 0])
-        dS = dS - (b_t * k_t)[..., :, None] * dS_k[..., None, :]                # (I - beta k k^T) dS_t
+        dbeta[t] = np.sum(k_t * dS_e, axis=-1)                                  # k_t^T dS_t e_t
+        dv[t] = b_t * dS_k
+        dk[t] = b_t * (dS_e - (decayed @ dS_k[..., :, None])[..., 0])
+        dS -= (b_t * k_t)[..., :, None] * dS_k[..., None, :]                    # (I - beta k k^T) dS_t
         if G is not None:
-            if channelwise:
-                dgate[..., t, :] = np.sum(dS * decayed, axis=-1)                 # row by row
-            else:
-                dgate[..., t] = np.sum(dS * decayed, axis=(-2, -1))
-            dS = decay * dS                                                     # through G_t
+            dgate[t] = np.sum(dS * decayed, axis=-1 if channelwise else (-2, -1))   # row by row for KDA
+            dS *= decay                                                         # through G_t
     dq = c * (after @ dO[..., None])[..., 0]                                    # scale S_t do_t
+    dq, dk, dv = (np.moveaxis(a, 0, -2) for a in (dq, dk, dv))
+    dbeta = np.moveaxis(dbeta, 0, -1)
+    dgate = None if G is None else np.moveaxis(dgate, 0, -1 - channelwise)
     return (sum_to(dq, shapes["q"]), sum_to(dk, shapes["k"]), sum_to(dv, shapes["v"]),
             sum_to(dbeta, shapes["beta"]), None if G is None else sum_to(dgate, shapes["log_gate"]),
             dS if initial_state is None else sum_to(dS, shapes["initial_state"]))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._grad import sum_to
+from ._grad import sum_to, time_major
 from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_dim, check_log_gate,
                         check_positive_int, check_real_number, check_same_length, float_dtype)
 
@@ -469,33 +469,35 @@ def linear_attention_backward(q, k, v, d_out, *, log_gate=None, scale=1.0, initi
         items.append(("d_final_state", d_final_state, 2))
     lead = broadcast_leading(*items)
     fit = lambda a, n: np.broadcast_to(a.astype(dtype, copy=False), lead + a.shape[a.ndim - n:])  # noqa: E731
-    Q, K, V, dO = fit(q, 2), fit(k, 2), fit(v, 2), fit(d_out, 2)
-    gates = None if log_gate is None else np.exp(fit(log_gate, 1))       # g_t = exp(log_gate_t) <= 1
+    # time-major copies (token t is Q[t], contiguous), broadcast to the leading axes
+    Q, K, V, dO = (time_major(fit(a, 2), -2) for a in (q, k, v, d_out))
+    gates = None if log_gate is None else time_major(np.exp(fit(log_gate, 1)), -1)   # g_t = exp(log_gate_t)
     c = dtype.type(c)
 
     # the forward again, storing the state before (S_{t-1}) and after (S_t) each token
-    before = np.empty(lead + (T, d_k, d_v), dtype=dtype)
+    before = np.empty((T,) + lead + (d_k, d_v), dtype=dtype)
     after = np.empty_like(before)
     S = np.zeros(lead + (d_k, d_v), dtype=dtype) if s0 is None else fit(s0, 2)
     for t in range(T):
-        before[..., t, :, :] = S
-        decayed = S if gates is None else gates[..., t, None, None] * S
-        _, S = linear_attention_step(Q[..., t, :], K[..., t, :], V[..., t, :], feature_map=identity_feature_map,
-                                     normalize=False, initial_state=decayed)
-        after[..., t, :, :] = S
+        before[t] = S
+        decayed = S if gates is None else gates[t][..., None, None] * S
+        _, S = linear_attention_step(Q[t], K[t], V[t], feature_map=identity_feature_map, normalize=False,
+                                     initial_state=decayed)
+        after[t] = S
 
     # the gradient of the state, backwards in time
     dS = np.zeros(lead + (d_k, d_v), dtype=dtype) if d_final_state is None else fit(d_final_state, 2).copy()
-    dk, dv = np.empty(lead + (T, d_k), dtype=dtype), np.empty(lead + (T, d_v), dtype=dtype)
-    dgate = None if gates is None else np.empty(lead + (T,), dtype=dtype)
+    dk, dv = np.empty((T,) + lead + (d_k,), dtype=dtype), np.empty((T,) + lead + (d_v,), dtype=dtype)
+    dgate = None if gates is None else np.empty((T,) + lead, dtype=dtype)
     for t in range(T - 1, -1, -1):
-        dS = dS + c * (Q[..., t, :, None] * dO[..., t, None, :])              # + scale q_t do_t^T
-        dk[..., t, :] = (dS @ V[..., t, :, None])[..., 0]                       # dS_t v_t
-        dv[..., t, :] = (K[..., t, None, :] @ dS)[..., 0, :]                    # dS_t^T k_t
+        dS += c * (Q[t][..., :, None] * dO[t][..., None, :])                    # + scale q_t do_t^T
+        dk[t] = (dS @ V[t][..., :, None])[..., 0]                               # dS_t v_t
+        dv[t] = (K[t][..., None, :] @ dS)[..., 0, :]                            # dS_t^T k_t
         if gates is not None:
-            dgate[..., t] = gates[..., t] * np.sum(dS * before[..., t, :, :], axis=(-2, -1))
-            dS = gates[..., t, None, None] * dS                                 # through the decay
-    dq = c * (after @ dO[..., None])[..., 0]                                   # scale S_t do_t
+            dgate[t] = gates[t] * np.sum(dS * before[t], axis=(-2, -1))
+            dS *= gates[t][..., None, None]                                     # through the decay
+    dq = c * (after @ dO[..., None])[..., 0]                                    # scale S_t do_t
+    dq, dk, dv = (np.moveaxis(a, 0, -2) for a in (dq, dk, dv))
     return (sum_to(dq, q.shape), sum_to(dk, k.shape), sum_to(dv, v.shape),
-            None if dgate is None else sum_to(dgate, log_gate.shape),
+            None if dgate is None else sum_to(np.moveaxis(dgate, 0, -1), log_gate.shape),
             dS if s0 is None else sum_to(dS, s0.shape))

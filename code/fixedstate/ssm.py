@@ -772,7 +772,7 @@ def ssd_chunk(x, delta, a, B, C, *, D=None, initial_state=None):
 # ---------------------------------------------------------------------------
 # backward passes (chapter 9)
 
-from ._grad import sum_to  # noqa: E402  (kept here so that the section stands alone)
+from ._grad import sum_to, time_major  # noqa: E402  (kept here so that the section stands alone)
 
 __all__ += ["ssd_backward", "selective_scan_backward"]
 
@@ -874,34 +874,37 @@ def selective_scan_backward(x, delta, A, B, C, d_y, *, D=None, initial_state=Non
 
     def fit(arr, n):
         return np.broadcast_to(arr.astype(dtype, copy=False), lead + arr.shape[arr.ndim - n:])
-    xs, dt, Bb, Cc, dY, h = fit(xs, 2), fit(dt, 2), fit(Bb, 2), fit(Cc, 2), fit(d_y, 2), fit(h0, 2)
+    # time-major copies (token t is xs[t], contiguous), broadcast to the leading axes
+    xs, dt, Bb, Cc, dY = (time_major(fit(arr, 2), -2) for arr in (xs, dt, Bb, Cc, d_y))
+    h = fit(h0, 2)
     Aa, Dd = Aa.astype(dtype, copy=False), Dd.astype(dtype, copy=False)
 
     # the forward again with selective_scan_step, storing every state h_0, ..., h_T
-    states = np.empty(lead + (T + 1, d, N), dtype=dtype)
-    states[..., 0, :, :] = h
+    states = np.empty((T + 1,) + lead + (d, N), dtype=dtype)
+    states[0] = h
     for t in range(T):
-        _, h = selective_scan_step(xs[..., t, :], dt[..., t, :], Aa, Bb[..., t, :], Cc[..., t, :], initial_state=h)
-        states[..., t + 1, :, :] = h
+        _, h = selective_scan_step(xs[t], dt[t], Aa, Bb[t], Cc[t], initial_state=h)
+        states[t + 1] = h
 
     # the gradient of the state, backwards in time
     dh = np.zeros(lead + (d, N), dtype=dtype) if d_final_state is None else fit(d_final_state, 2).copy()
-    dx, ddelta, dB = np.empty(lead + (T, d), dtype=dtype), np.empty(lead + (T, d), dtype=dtype), \
-        np.empty(lead + (T, N), dtype=dtype)
+    dx, ddelta = np.empty((T,) + lead + (d,), dtype=dtype), np.empty((T,) + lead + (d,), dtype=dtype)
+    dB = np.empty((T,) + lead + (N,), dtype=dtype)
     dA = np.zeros(lead + (d, N), dtype=dtype)
     for t in range(T - 1, -1, -1):
-        dh = dh + dY[..., t, :, None] * Cc[..., t, None, :]                    # + dy_t C_t^T
-        A_bar = np.exp(dt[..., t, :, None] * Aa)                               # exp(delta_t A)
-        d_decay = dh * A_bar * states[..., t, :, :]                            # dL/d(delta_t A), entrywise
-        dh_B = np.sum(dh * Bb[..., t, None, :], axis=-1)                       # dh_t B_t, (..., d)
-        dx[..., t, :] = dt[..., t, :] * dh_B
-        ddelta[..., t, :] = xs[..., t, :] * dh_B + np.sum(d_decay * Aa, axis=-1)
-        dB[..., t, :] = np.sum((dt[..., t, :] * xs[..., t, :])[..., :, None] * dh, axis=-2)
-        dA += dt[..., t, :, None] * d_decay
-        dh = A_bar * dh                                                        # through A_bar_t
-    dC = np.einsum("...tin,...ti->...tn", states[..., 1:, :, :], dY)           # h_t^T dy_t
+        dh += dY[t][..., :, None] * Cc[t][..., None, :]                        # + dy_t C_t^T
+        A_bar = np.exp(dt[t][..., :, None] * Aa)                               # exp(delta_t A)
+        d_decay = dh * A_bar * states[t]                                       # dL/d(delta_t A), entrywise
+        dh_B = np.sum(dh * Bb[t][..., None, :], axis=-1)                       # dh_t B_t, (..., d)
+        dx[t] = dt[t] * dh_B
+        ddelta[t] = xs[t] * dh_B + np.sum(d_decay * Aa, axis=-1)
+        dB[t] = np.sum((dt[t] * xs[t])[..., :, None] * dh, axis=-2)
+        dA += dt[t][..., :, None] * d_decay
+        dh *= A_bar                                                            # through A_bar_t
+    dC = np.einsum("t...in,t...i->t...n", states[1:], dY)                     # h_t^T dy_t
     dx = dx + Dd * dY
-    dD = None if D is None else sum_to(np.sum(xs * dY, axis=-2), shapes[5])
+    dD = None if D is None else sum_to(np.sum(xs * dY, axis=0), shapes[5])
+    dx, ddelta, dB, dC = (np.moveaxis(arr, 0, -2) for arr in (dx, ddelta, dB, dC))
     return (sum_to(dx, shapes[0]), sum_to(ddelta, shapes[1]), sum_to(dA, shapes[2]), sum_to(dB, shapes[3]),
             sum_to(dC, shapes[4]), dD, dh if initial_state is None else sum_to(dh, shapes[6]))
 
