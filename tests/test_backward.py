@@ -46,6 +46,14 @@ def _normal(rng, *shape):
     return rng.standard_normal(shape)
 
 
+def _assert_float32_close(got, want):
+    """float32 gradients: float32 dtype, and the float64 gradients to float32 accuracy."""
+    assert len(got) == len(want)
+    for g32, g64 in zip(got, want):
+        assert g32.dtype == np.float32
+        np.testing.assert_allclose(g32, g64, rtol=1e-4, atol=1e-5 * np.abs(g64).max())
+
+
 # ---------------------------------------------------------------- softmax attention
 
 def _softmax_case(seed, lead, t, m, d_k, d_v, causal, scale):
@@ -85,9 +93,7 @@ def test_softmax_attention_backward_float32_and_validation():
     q, k, v, w = _normal(rng, 5, 3), _normal(rng, 5, 3), _normal(rng, 5, 4), _normal(rng, 5, 4)
     want = sa.softmax_attention_backward(q, k, v, w)
     got = sa.softmax_attention_backward(*(a.astype(np.float32) for a in (q, k, v, w)))
-    for g32, g64 in zip(got, want):
-        assert g32.dtype == np.float32
-        np.testing.assert_allclose(g32, g64, rtol=1e-4, atol=1e-5 * np.abs(g64).max())
+    _assert_float32_close(got, want)
     with pytest.raises(ValueError, match="d_out"):
         sa.softmax_attention_backward(q, k, v, w[:4])
     with pytest.raises(ValueError, match="causal"):
@@ -179,9 +185,7 @@ def test_linear_attention_backward_float32_and_validation():
     want = la.linear_attention_backward(q, k, v, w, log_gate=lg, initial_state=s0, d_final_state=s0)
     f32 = [a.astype(np.float32) for a in (q, k, v, w, lg, s0)]
     got = la.linear_attention_backward(*f32[:4], log_gate=f32[4], initial_state=f32[5], d_final_state=f32[5])
-    for g32, g64 in zip(got, want):
-        assert g32.dtype == np.float32
-        np.testing.assert_allclose(g32, g64, rtol=1e-4, atol=1e-5 * np.abs(g64).max())
+    _assert_float32_close(got, want)
     with pytest.raises(ValueError, match="d_out"):
         la.linear_attention_backward(q, k, v, w[:, :1])
     with pytest.raises(ValueError, match="log_gate"):
@@ -268,9 +272,7 @@ def test_delta_rule_backward_float32(form):
         kw["log_gate"] = -rng.uniform(0.1, 1, (2, 6) + ((3,) if gate == "channel" else ()))
     want = backward(*args, **kw)
     got = backward(*(a.astype(np.float32) for a in args), **{n: a.astype(np.float32) for n, a in kw.items()})
-    for g32, g64 in zip(got, want):
-        assert g32.dtype == np.float32
-        np.testing.assert_allclose(g32, g64, rtol=1e-4, atol=1e-5 * np.abs(g64).max())
+    _assert_float32_close(got, want)
 
 
 def test_delta_rule_backward_validation():
@@ -380,9 +382,7 @@ def test_ssm_backward_float32(which):
     want = backward(**inputs, d_y=w_y, d_final_state=w_s)
     got = backward(**{n: a.astype(np.float32) for n, a in inputs.items()}, d_y=w_y.astype(np.float32),
                    d_final_state=w_s.astype(np.float32))
-    for g32, g64 in zip(got, want):
-        assert g32.dtype == np.float32
-        np.testing.assert_allclose(g32, g64, rtol=1e-4, atol=1e-5 * np.abs(g64).max())
+    _assert_float32_close(got, want)
 
 
 def test_ssm_backward_validation():

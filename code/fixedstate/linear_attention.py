@@ -410,7 +410,7 @@ def linformer_attention(q, k, v, proj_k, proj_v, *, scale=None):
 
 def linear_attention_backward(q, k, v, d_out, *, log_gate=None, scale=1.0, initial_state=None,
                               d_final_state=None):
-    """The gradients of un-normalised causal linear attention (``eq-la-recurrent``), with an optional scalar gate (chapter 9).
+    """The gradients of un-normalised linear attention (``eq-la-recurrent``), optionally gated (chapter 9).
 
     The forward pass is the recurrent form with ``feature_map=identity_feature_map,
     normalize=False`` (:func:`linear_attention_recurrent`), and, when ``log_gate`` is
