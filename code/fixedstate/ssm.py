@@ -778,7 +778,7 @@ __all__ += ["ssd_backward", "selective_scan_backward"]
 
 
 def ssd_backward(x, delta, a, B, C, d_y, *, D=None, initial_state=None, d_final_state=None):
-    """The gradients of Mamba-2's heads (``eq-ssm-ssd-recurrent``), via gated linear attention's (chapter 9).
+    """The gradients of Mamba-2's heads (``eq-ssm-ssd-recurrent``), ``eq-tr-ssd-grads``: via linear attention's.
 
     :func:`ssd_recurrent` is linear attention with a scalar gate: query
     ``q_t = C_t``, key ``k_t = B_t``, value ``v_t = delta_t x_t`` and log-decay
