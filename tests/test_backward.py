@@ -2,7 +2,7 @@
 
 Properties:
 - for softmax attention (causal and not), linear attention (with and without a
-  gate), the (gated) delta rule and Mamba-2's SSD, the gradient of
+  gate), DeltaNet, Gated DeltaNet, KDA, Mamba-2's SSD and Mamba's selective scan, the gradient of
   ``L = sum <W, out> + <W_S, final state>`` with respect to every input (gates,
   beta, step sizes, decay rates, D and the initial state included) agrees with
   central finite differences (step 1e-6) to a relative error of at most 1e-6
@@ -11,9 +11,13 @@ Properties:
 - an input broadcast along leading axes gets the gradient summed over them
   (its own shape back), checked by finite differences on the thin input;
 - the forms agree with each other where the book says they are one layer:
-  ungated linear attention is the gate ``log_gate = 0``, DeltaNet is Gated
-  DeltaNet with ``log_gate = 0``;
-- float32 in gives float32 out, close to the float64 gradients;
+  ungated linear attention is the gate ``log_gate = 0``; the SSD with ``delta = 1``
+  is gated linear attention with log-decay ``a``;
+- a sequence split in two, the halves chained by the state forwards and by
+  ``d_final_state``/``d_initial_state`` backwards, gives the whole sequence's
+  gradients to 1e-12 (the idea of a chunkwise backward);
+- float32 in gives float32 out, close to the float64 gradients; float16 and
+  integer inputs follow the package's precision rule;
 - bad input raises ValueError naming the argument;
 - the checker itself fails on a wrong gradient (a test that can fail).
 """
@@ -412,6 +416,79 @@ def test_ssm_backward_validation():
         ssm.selective_scan_backward(x, deltas, A, B, C, w, d_final_state=np.zeros((3, 2)))
     with pytest.raises(ValueError, match="^D"):
         ssm.selective_scan_backward(x, deltas, A, B, C, w, D=np.ones(3))
+
+
+# ---------------------------------------------------------------- splitting a sequence
+
+def _split_case(layer, rng, T):
+    """(forward, backward, per-token inputs with their time axes, shared inputs, gradient names, d_out's name)."""
+    d_k, d_v = 3, 2
+    if layer in ("ssd", "selective"):
+        d = d_v if layer == "ssd" else 3
+        tokens = dict(x=(_normal(rng, 2, T, d), -2), B=(_normal(rng, 2, T, d_k), -2), C=(_normal(rng, 2, T, d_k), -2))
+        if layer == "ssd":
+            tokens["delta"] = (rng.uniform(0.1, 1.5, (2, T)), -1)
+            shared, fb = dict(a=-0.4, D=0.5), (ssm.ssd_recurrent, ssm.ssd_backward)
+        else:
+            tokens["delta"] = (rng.uniform(0.1, 1.5, (2, T, d)), -2)
+            shared, fb = dict(A=-rng.uniform(0.1, 1, (d, d_k)), D=0.5), (ssm.selective_scan_sequential,
+                                                                          ssm.selective_scan_backward)
+        order = ["x", "delta", "a" if layer == "ssd" else "A", "B", "C", "D"]
+        return fb, tokens, shared, order, 5, "d_y", _normal(rng, 2, *((d, d_k) if layer == "selective" else (d_k, d)))
+    tokens = dict(q=(_normal(rng, 2, T, d_k), -2), k=(_normal(rng, 2, T, d_k), -2), v=(_normal(rng, 2, T, d_v), -2))
+    if layer != "linear":
+        tokens["beta"] = (rng.uniform(0.1, 0.9, (2, T)), -1)
+    if layer in ("linear", "gated"):
+        tokens["log_gate"] = (-rng.uniform(0.05, 1, (2, T)), -1)
+    if layer == "kda":
+        tokens["log_gate"] = (-rng.uniform(0.05, 1, (2, T, d_k)), -2)
+    forward = {"linear": lambda q, k, v, log_gate, scale, initial_state: _gated_linear_attention(
+                   q, k, v, log_gate, scale, initial_state),
+               "delta": dr.delta_rule_recurrent, "gated": dr.gated_delta_rule_recurrent, "kda": dr.kda_recurrent}
+    backward = {"linear": la.linear_attention_backward, "delta": dr.delta_rule_backward,
+                "gated": dr.gated_delta_rule_backward, "kda": dr.kda_backward}
+    order = [n for n in ("q", "k", "v", "beta", "log_gate") if n in tokens]
+    return (forward[layer], backward[layer]), tokens, dict(scale=0.7), order, 3, "d_out", _normal(rng, 2, d_k, d_v)
+
+
+@pytest.mark.parametrize("layer", ["linear", "delta", "gated", "kda", "ssd", "selective"])
+@pytest.mark.parametrize("split", [1, 4, 6])
+def test_backward_splits_at_a_state_boundary(layer, split):
+    """Two halves chained by the state give the whole sequence's gradients (the chunkwise backward's idea).
+
+    Forward: the first half's final state is the second half's initial state. Backward: the second
+    half's d_initial_state is the first half's d_final_state; per-token gradients are the halves'
+    gradients side by side, those of shared inputs (a, A, D) their sum.
+    """
+    T = 7
+    rng = np.random.default_rng(18)
+    (forward, backward), tokens, shared, order, n_positional, d_name, s0 = _split_case(layer, rng, T)
+
+    def call(fn, sl, **kw):
+        args = {n: np.take(a, range(T)[sl], axis=axis) for n, (a, axis) in tokens.items()} | shared
+        ordered = [args[n] for n in order]
+        return fn(*ordered[:n_positional], **dict(zip(order[n_positional:], ordered[n_positional:])),
+                  **{n: a for n, a in shared.items() if n not in order}, **kw)
+
+    everything = slice(0, T)
+    out, state = call(forward, everything, initial_state=s0)
+    w_out, w_state = _normal(rng, *out.shape), _normal(rng, *state.shape)
+    whole = call(backward, everything, initial_state=s0, d_final_state=w_state, **{d_name: w_out})
+    _, middle = call(forward, slice(0, split), initial_state=s0)
+    late = call(backward, slice(split, T), initial_state=middle, d_final_state=w_state,
+                **{d_name: w_out[..., split:, :]})
+    early = call(backward, slice(0, split), initial_state=s0, d_final_state=late[-1],
+                 **{d_name: w_out[..., :split, :]})
+    names = [n for n in order if n != "scale"] + ["initial_state"]
+    assert len(names) == len(whole)
+    for name, g_whole, g_early, g_late in zip(names, whole, early, late):
+        if name == "initial_state":                                 # only the first half sees it
+            got = g_early
+        elif name in tokens:                                        # per-token: side by side
+            got = np.concatenate([g_early, g_late], axis=tokens[name][1])
+        else:                                                       # shared by every token: summed
+            got = g_early + g_late
+        np.testing.assert_allclose(got, g_whole, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
 # ---------------------------------------------------------------- precision of every backward pass
