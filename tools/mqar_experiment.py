@@ -43,14 +43,15 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "results" / "mqar_sweep.json"))
     args = ap.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc)
+    commit = _git("rev-parse", "HEAD")              # the code the runs import: record it before they start
+    status = _git("status", "--porcelain", "--untracked-files=no")
     print(f"MQAR sweep: {len(tr.SWEEP['mixers'])} mixers x {len(tr.SWEEP['d_models'])} widths x "
           f"{len(tr.SWEEP['n_pairs'])} pair counts x {len(tr.SWEEP['seeds'])} seeds, after a learning-rate "
           f"grid of {len(tr.SWEEP['lr_grid'])} per mixer; {args.jobs} worker process(es)", flush=True)
     result = tr.run_sweep(jobs=args.jobs, progress=lambda line: print(line, flush=True))
-    status = _git("status", "--porcelain", "--untracked-files=no")
     result["provenance"] = {
         "command": "make experiment (" + " ".join([Path(sys.executable).name, *sys.argv]) + ")",
-        "commit": _git("rev-parse", "HEAD"),
+        "commit": commit,
         "uncommitted_changes": bool(status) if status is not None else None,
         "date": started.isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
