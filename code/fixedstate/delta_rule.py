@@ -776,6 +776,7 @@ def _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_stat
 
     def fit(a, n):
         return None if a is None else np.broadcast_to(a.astype(dtype, copy=False), lead + a.shape[a.ndim - n:])
+
     # time-major copies (token t is Q[t], contiguous), broadcast to the leading axes
     Q, K, V, dO = (time_major(fit(a, 2), -2) for a in (Q, K, V, d_out))
     Beta = time_major(fit(Beta, 1), -1)
@@ -793,29 +794,33 @@ def _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_stat
         _, S = _step(Q[t], K[t], V[t], Beta[t], None if G is None else G[t], S, 1.0, channelwise)
         after[t] = S
 
-    # the gradient of the state, backwards in time
+    # the gradient of the state, backwards in time (dS_t stored for every t) ...
+    writes = c * (Q[..., :, None] * dO[..., None, :])                           # scale q_t do_t^T, all t
+    beta_keys = Beta[..., None] * K                                             # beta_t k_t
     dS = np.zeros(lead + (d_k, d_v), dtype=dtype) if d_final_state is None else fit(d_final_state, 2).copy()
-    dk, dv = np.empty((T,) + lead + (d_k,), dtype=dtype), np.empty((T,) + lead + (d_v,), dtype=dtype)
-    dbeta = np.empty((T,) + lead, dtype=dtype)
-    dgate = None if G is None else np.empty(G.shape, dtype=dtype)
+    d_states = np.empty_like(before)
     for t in range(T - 1, -1, -1):
-        k_t, b_t = K[t], Beta[t][..., None]
-        dS += c * (Q[t][..., :, None] * dO[t][..., None, :])                    # + scale q_t do_t^T
-        if G is None:
-            decay, decayed = None, before[t]
-        else:
-            decay = decays[t][..., :, None] if channelwise else decays[t][..., None, None]
-            decayed = decay * before[t]                                         # P_t = G_t S_{t-1}
-        error = V[t] - (k_t[..., None, :] @ decayed)[..., 0, :]                 # e_t = v_t - P_t^T k_t
-        dS_k = (k_t[..., None, :] @ dS)[..., 0, :]                              # dS_t^T k_t
-        dS_e = (dS @ error[..., :, None])[..., 0]                               # dS_t e_t
-        dbeta[t] = np.sum(k_t * dS_e, axis=-1)                                  # k_t^T dS_t e_t
-        dv[t] = b_t * dS_k
-        dk[t] = b_t * (dS_e - (decayed @ dS_k[..., :, None])[..., 0])
-        dS -= (b_t * k_t)[..., :, None] * dS_k[..., None, :]                    # (I - beta k k^T) dS_t
-        if G is not None:
-            dgate[t] = np.sum(dS * decayed, axis=-1 if channelwise else (-2, -1))   # row by row for KDA
-            dS *= decay                                                         # through G_t
+        dS += writes[t]
+        d_states[t] = dS                                                        # dS_t
+        dS -= beta_keys[t][..., :, None] * (K[t][..., None, :] @ dS)            # (I - beta k k^T) dS_t
+        if decays is not None:
+            dS *= decays[t][..., :, None] if channelwise else decays[t][..., None, None]   # through G_t
+
+    # ... then every token's gradients at once
+    if decays is None:
+        decayed = before                                                        # P_t = S_{t-1}
+    else:
+        decayed = (decays[..., :, None] if channelwise else decays[..., None, None]) * before   # P_t = G_t S_{t-1}
+    error = V - (K[..., None, :] @ decayed)[..., 0, :]                          # e_t = v_t - P_t^T k_t
+    dS_k = (K[..., None, :] @ d_states)[..., 0, :]                              # dS_t^T k_t
+    dS_e = (d_states @ error[..., :, None])[..., 0]                             # dS_t e_t
+    dbeta = np.sum(K * dS_e, axis=-1)                                           # k_t^T dS_t e_t
+    dv = Beta[..., None] * dS_k
+    dk = Beta[..., None] * (dS_e - (decayed @ dS_k[..., :, None])[..., 0])
+    dgate = None
+    if decays is not None:
+        d_decayed = d_states - beta_keys[..., :, None] * dS_k[..., None, :]     # (I - beta k k^T) dS_t
+        dgate = np.sum(d_decayed * decayed, axis=-1 if channelwise else (-2, -1))   # row by row for KDA
     dq = c * (after @ dO[..., None])[..., 0]                                    # scale S_t do_t
     dq, dk, dv = (np.moveaxis(a, 0, -2) for a in (dq, dk, dv))
     dbeta = np.moveaxis(dbeta, 0, -1)

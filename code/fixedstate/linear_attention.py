@@ -485,18 +485,19 @@ def linear_attention_backward(q, k, v, d_out, *, log_gate=None, scale=1.0, initi
                                      initial_state=decayed)
         after[t] = S
 
-    # the gradient of the state, backwards in time
+    # the gradient of the state, backwards in time; then every token's reads at once
+    writes = c * (Q[..., :, None] * dO[..., None, :])                           # scale q_t do_t^T, all t
     dS = np.zeros(lead + (d_k, d_v), dtype=dtype) if d_final_state is None else fit(d_final_state, 2).copy()
-    dk, dv = np.empty((T,) + lead + (d_k,), dtype=dtype), np.empty((T,) + lead + (d_v,), dtype=dtype)
-    dgate = None if gates is None else np.empty((T,) + lead, dtype=dtype)
+    d_states = np.empty_like(before)                                            # dS_t for every t
     for t in range(T - 1, -1, -1):
-        dS += c * (Q[t][..., :, None] * dO[t][..., None, :])                    # + scale q_t do_t^T
-        dk[t] = (dS @ V[t][..., :, None])[..., 0]                               # dS_t v_t
-        dv[t] = (K[t][..., None, :] @ dS)[..., 0, :]                            # dS_t^T k_t
+        dS += writes[t]
+        d_states[t] = dS
         if gates is not None:
-            dgate[t] = gates[t] * np.sum(dS * before[t], axis=(-2, -1))
             dS *= gates[t][..., None, None]                                     # through the decay
     dq = c * (after @ dO[..., None])[..., 0]                                    # scale S_t do_t
+    dk = (d_states @ V[..., None])[..., 0]                                      # dS_t v_t
+    dv = (K[..., None, :] @ d_states)[..., 0, :]                                # dS_t^T k_t
+    dgate = None if gates is None else gates * np.sum(d_states * before, axis=(-2, -1))
     dq, dk, dv = (np.moveaxis(a, 0, -2) for a in (dq, dk, dv))
     return (sum_to(dq, q.shape), sum_to(dk, k.shape), sum_to(dv, v.shape),
             None if dgate is None else sum_to(np.moveaxis(dgate, 0, -1), log_gate.shape),

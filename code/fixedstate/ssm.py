@@ -886,21 +886,23 @@ def selective_scan_backward(x, delta, A, B, C, d_y, *, D=None, initial_state=Non
         _, h = selective_scan_step(xs[t], dt[t], Aa, Bb[t], Cc[t], initial_state=h)
         states[t + 1] = h
 
-    # the gradient of the state, backwards in time
+    # the gradient of the state, backwards in time (dh_t stored for every t) ...
+    decays = np.exp(dt[..., :, None] * Aa)                                     # A_bar_t = exp(delta_t A), all t
+    writes = dY[..., :, None] * Cc[..., None, :]                               # dy_t C_t^T, all t
     dh = np.zeros(lead + (d, N), dtype=dtype) if d_final_state is None else fit(d_final_state, 2).copy()
-    dx, ddelta = np.empty((T,) + lead + (d,), dtype=dtype), np.empty((T,) + lead + (d,), dtype=dtype)
-    dB = np.empty((T,) + lead + (N,), dtype=dtype)
-    dA = np.zeros(lead + (d, N), dtype=dtype)
+    d_states = np.empty_like(states[1:])
     for t in range(T - 1, -1, -1):
-        dh += dY[t][..., :, None] * Cc[t][..., None, :]                        # + dy_t C_t^T
-        A_bar = np.exp(dt[t][..., :, None] * Aa)                               # exp(delta_t A)
-        d_decay = dh * A_bar * states[t]                                       # dL/d(delta_t A), entrywise
-        dh_B = np.sum(dh * Bb[t][..., None, :], axis=-1)                       # dh_t B_t, (..., d)
-        dx[t] = dt[t] * dh_B
-        ddelta[t] = xs[t] * dh_B + np.sum(d_decay * Aa, axis=-1)
-        dB[t] = np.sum((dt[t] * xs[t])[..., :, None] * dh, axis=-2)
-        dA += dt[t][..., :, None] * d_decay
-        dh *= A_bar                                                            # through A_bar_t
+        dh += writes[t]
+        d_states[t] = dh                                                       # dh_t
+        dh *= decays[t]                                                        # through A_bar_t
+
+    # ... then every token's gradients at once
+    d_decay = d_states * decays * states[:-1]                                  # dL/d(delta_t A), entrywise
+    dh_B = np.sum(d_states * Bb[..., None, :], axis=-1)                        # dh_t B_t, (T, ..., d)
+    dx = dt * dh_B
+    ddelta = xs * dh_B + np.sum(d_decay * Aa, axis=-1)
+    dB = np.sum((dt * xs)[..., :, None] * d_states, axis=-2)
+    dA = np.sum(dt[..., :, None] * d_decay, axis=0)
     dC = np.einsum("t...in,t...i->t...n", states[1:], dY)                     # h_t^T dy_t
     dx = dx + Dd * dY
     dD = None if D is None else sum_to(np.sum(xs * dY, axis=0), shapes[5])
