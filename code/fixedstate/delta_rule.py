@@ -832,7 +832,7 @@ def _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_stat
 
 def gated_delta_rule_backward(q, k, v, d_out, *, beta, log_gate, scale=1.0, initial_state=None,
                               d_final_state=None):
-    """The gradients of Gated DeltaNet (``eq-dr-gated``): the reverse-time scan ``eq-tr-dr-state``, ``eq-tr-dr-grads``.
+    """The gradients of Gated DeltaNet (``eq-dr-gated``): the reverse-time scan ``eq-bw-dr-state``, ``eq-bw-dr-grads``.
 
     With ``P_t = g_t S_{t-1}`` (``g_t = exp(log_gate_t)``), the error
     ``e_t = v_t - P_t^T k_t`` and ``S_t = P_t + beta_t k_t e_t^T``, the states are
@@ -867,7 +867,7 @@ def gated_delta_rule_backward(q, k, v, d_out, *, beta, log_gate, scale=1.0, init
 
 
 def delta_rule_backward(q, k, v, d_out, *, beta, scale=1.0, initial_state=None, d_final_state=None):
-    """The gradients of DeltaNet (``eq-dr-delta``): ``eq-tr-dr-grads`` with the gate 1.
+    """The gradients of DeltaNet (``eq-dr-delta``): ``eq-bw-dr-grads`` with the gate 1.
 
     Calls :func:`gated_delta_rule_backward` with ``log_gate = 0`` and drops the
     gate's gradient. Returns ``(dq, dk, dv, dbeta, d_initial_state)``; arguments as
@@ -880,7 +880,7 @@ def delta_rule_backward(q, k, v, d_out, *, beta, scale=1.0, initial_state=None, 
 
 
 def kda_backward(q, k, v, d_out, *, beta, log_gate, scale=1.0, initial_state=None, d_final_state=None):
-    """The gradients of Kimi Delta Attention (``eq-dr-kda``, ``eq-dr-readout``), as :func:`gated_delta_rule_backward`.
+    """The gradients of Kimi Delta Attention (``eq-dr-kda``): ``eq-bw-dr-state`` with a gate per key channel.
 
     The gate is ``Diag(alpha_t)`` with ``alpha_t = exp(log_gate_t)`` per key channel:
     ``dS_{t-1}`` gets ``Diag(alpha_t) (I - beta_t k_t k_t^T) dS_t``, and

@@ -410,7 +410,7 @@ def linformer_attention(q, k, v, proj_k, proj_v, *, scale=None):
 
 def linear_attention_backward(q, k, v, d_out, *, log_gate=None, scale=1.0, initial_state=None,
                               d_final_state=None):
-    """The gradients of un-normalised linear attention (``eq-la-recurrent``), optionally gated: ``eq-tr-la-grads``.
+    """The gradients of un-normalised linear attention (``eq-la-recurrent``), optionally gated: ``eq-bw-la-grads``.
 
     The forward pass is the recurrent form with ``feature_map=identity_feature_map,
     normalize=False`` (:func:`linear_attention_recurrent`), and, when ``log_gate`` is
@@ -424,7 +424,7 @@ def linear_attention_backward(q, k, v, d_out, *, log_gate=None, scale=1.0, initi
     ``dq`` and ``dk``. The states are recomputed token by token with
     :func:`linear_attention_step` (the forward's own code, fed the decayed state
     ``g_t S_{t-1}`` as its initial state); then the gradient of the state runs
-    backwards in time (``eq-tr-la-state``)
+    backwards in time (``eq-bw-la-state``)
 
         dS_t = scale * q_t do_t^T + g_{t+1} dS_{t+1},    dS_T = scale * q_T do_T^T + d_final_state,
 

@@ -323,7 +323,7 @@ def softmax_attention_loop(q, k, v, *, scale=None, initial_state=None):
 # ---------------------------------------------------------------- the backward pass
 
 def softmax_attention_backward(q, k, v, d_out, *, causal: bool = True, scale=None):
-    """The gradients of :func:`softmax_attention` (no cache), ``eq-tr-sm-grad``: the backward pass of ``eq-sm-causal``.
+    """The gradients of :func:`softmax_attention` (``eq-sm-causal``, no cache): ``eq-bw-sm-dv``, ``eq-bw-sm-dqk``.
 
     For a loss ``L`` whose gradient with respect to the outputs ``O = A V`` is
     ``d_out``, with ``A = softmax(mask(c Q K^T))`` (recomputed by

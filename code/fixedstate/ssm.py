@@ -778,7 +778,7 @@ __all__ += ["ssd_backward", "selective_scan_backward"]
 
 
 def ssd_backward(x, delta, a, B, C, d_y, *, D=None, initial_state=None, d_final_state=None):
-    """The gradients of Mamba-2's heads (``eq-ssm-ssd-recurrent``), ``eq-tr-ssd-grads``: via linear attention's.
+    """The gradients of Mamba-2's heads (``eq-ssm-ssd-recurrent``), ``eq-bw-ssd``: via linear attention's.
 
     :func:`ssd_recurrent` is linear attention with a scalar gate: query
     ``q_t = C_t``, key ``k_t = B_t``, value ``v_t = delta_t x_t`` and log-decay
@@ -833,7 +833,7 @@ def ssd_backward(x, delta, a, B, C, d_y, *, D=None, initial_state=None, d_final_
 
 
 def selective_scan_backward(x, delta, A, B, C, d_y, *, D=None, initial_state=None, d_final_state=None):
-    """The gradients of Mamba's selective scan (``eq-ssm-selective``): a reverse-time scan per channel (chapter 9).
+    """The gradients of Mamba's selective scan (``eq-ssm-selective``): ``eq-bw-s6-state``, ``eq-bw-s6-grads``.
 
     With ``A_bar_t = exp(delta_t A)`` (``(d, N)``, channel ``i`` decayed by
     ``exp(delta_t[i] A[i, n])``) and ``h_t = A_bar_t * h_{t-1} + (delta_t x_t) B_t``,
