@@ -26,7 +26,7 @@ help:
 	@echo "make bench-figures time one update of every interactive figure in live mode (median, 95th percentile)"
 	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
 	@echo "make grade         grade a folder of exercise notebooks: make grade SUBMISSIONS=<folder>"
-	@echo "make experiment    train the tiny models of chapter 9 on MQAR (about 30 min); writes results/mqar_sweep.json"
+	@echo "make experiment    train the tiny models of chapter 9 on MQAR (about 40 min); writes results/mqar_sweep.json"
 
 venv: $(STAMP)
 
@@ -122,7 +122,7 @@ clean:
 	rm -rf _build
 
 # Chapter 9's experiment: tiny models trained on MQAR, every mixer x width x pair count x seed
-# (about 30 minutes on two cores). Writes results/mqar_sweep.json, which the chapter plots.
+# (42 minutes on a shared two-core machine). Writes results/mqar_sweep.json, which the chapter plots.
 .PHONY: experiment
 experiment: $(STAMP)
 	$(BIN)/python tools/mqar_experiment.py --out results/mqar_sweep.json
