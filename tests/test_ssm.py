@@ -995,6 +995,14 @@ def _public_calls():
 
 
 PUBLIC_CALLS, _BASE = _public_calls()
+PUBLIC_CALLS.update({   # the backward passes (chapter 9); their gradients are checked in test_backward.py
+    "ssd_backward": lambda c: ssm.ssd_backward(c("x_ssd"), c("delta_ssd"), -c("delta_ssd")[0], c("Bt"), c("Ct"),
+                                               c("x_ssd"), D=c("delta_ssd")[0], initial_state=c("S0"),
+                                               d_final_state=c("S0")),
+    "selective_scan_backward": lambda c: ssm.selective_scan_backward(
+        c("x"), c("delta"), c("A_sel"), c("Bt"), c("Ct"), c("x"), D=c("Dd"), initial_state=c("h0"),
+        d_final_state=c("h0")),
+})
 NO_FLOAT_INPUT = {"hippo_legs", "s4d_real", "ssm_state_bytes", "selective_scan_flops", "s4_fft_conv_flops",
                   "ssm_decode_flops"}
 

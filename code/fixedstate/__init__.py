@@ -24,6 +24,8 @@ One module per idea, named after the chapter that explains it:
 - :mod:`fixedstate.timing`: the best-of-N timer and the measurements built on it.
 - :mod:`fixedstate.prose`: numbers for the prose, glued at the precision the text shows.
 - :mod:`fixedstate.checks`: automatic feedback for the exercises.
+- :mod:`fixedstate.gradcheck`: checking a backward pass against central finite differences
+  (the cores' backward passes, ``*_backward``, sit beside their forward passes).
 
 Conventions (the notation appendix documents them once): sequences are arrays
 of shape ``(..., T, d)`` with one token per row and any leading batch and head

@@ -16,6 +16,13 @@ layers with the same parts. Each part is a few lines of numpy:
 - :func:`mlp`: the SiLU MLP of a block (no residual inside);
 - :func:`embedding`: token ids to vectors.
 
+Beside each forward pass that the training chapter needs sits its backward pass,
+``*_backward``: given the forward's inputs and the gradient ``d_out`` of a loss
+with respect to the forward's output, it returns the gradients with respect to
+the inputs and weights (chapter 9, section "The small parts"). A backward pass
+recomputes what it needs of the forward by calling the forward, so no forward
+exists twice.
+
 Conventions, as in the rest of the package: vectors are rows and the feature
 axis is the last one, so every part accepts leading axes (batch, heads, time,
 ...): ``x`` is ``(..., d)``. Weight matrices are ``(d_in, d_out)`` and a
@@ -48,6 +55,15 @@ __all__ = [
     "short_conv_step",
     "mlp",
     "embedding",
+    "linear_backward",
+    "rms_norm_backward",
+    "l2_normalize_backward",
+    "silu_backward",
+    "sigmoid_backward",
+    "softplus_backward",
+    "short_conv_backward",
+    "mlp_backward",
+    "embedding_backward",
 ]
 
 
@@ -96,6 +112,19 @@ def _weight_vector(weight, name: str, d: int, what: str) -> np.ndarray:
     return w
 
 
+def _grad(d_out, name: str, shape: tuple) -> np.ndarray:
+    """``d_out`` as a float array of the forward output's ``shape``, or a ``ValueError``."""
+    g = as_float_array(d_out, name)
+    if g.shape != tuple(shape):
+        raise ValueError(f"{name}: expected the shape of the forward output, {tuple(shape)}, got shape {g.shape}")
+    return g
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """``a`` ``(..., d)`` as a matrix ``(n, d)`` of its rows."""
+    return a.reshape(-1, a.shape[-1])
+
+
 # ---------------------------------------------------------------------------- activations
 
 def sigmoid(x):
@@ -123,6 +152,34 @@ def softplus(x):
     return np.logaddexp(0.0, as_float_array(x, "x"))
 
 
+def sigmoid_backward(x, d_out):
+    """Gradient through :func:`sigmoid`: ``d_out * s (1 - s)`` with ``s = sigmoid(x)`` (``eq-tr-act-grads``).
+
+    ``x`` and ``d_out`` of one shape; returns the gradient with respect to ``x``.
+    """
+    s = sigmoid(x)
+    return _grad(d_out, "d_out", s.shape) * s * (1 - s)
+
+
+def silu_backward(x, d_out):
+    """Gradient through :func:`silu`: ``d_out * (s + x s (1 - s))``, ``s = sigmoid(x)`` (``eq-tr-act-grads``).
+
+    ``x`` and ``d_out`` of one shape; returns the gradient with respect to ``x``.
+    """
+    x = as_float_array(x, "x")
+    s = expit(x)
+    return _grad(d_out, "d_out", x.shape) * s * (1 + x * (1 - s))
+
+
+def softplus_backward(x, d_out):
+    """Gradient through :func:`softplus`: ``d_out * sigmoid(x)`` (``eq-tr-act-grads``).
+
+    ``x`` and ``d_out`` of one shape; returns the gradient with respect to ``x``.
+    """
+    s = sigmoid(x)
+    return _grad(d_out, "d_out", s.shape) * s
+
+
 # ---------------------------------------------------------------------------- projections
 
 def linear(x, weight, bias=None):
@@ -146,6 +203,29 @@ def linear(x, weight, bias=None):
     if bias is not None:
         out = out + _weight_vector(bias, "bias", w.shape[1], "d_out, the second axis of weight")
     return _finite_result(out, ("x", x), ("weight", w))
+
+
+def linear_backward(x, weight, d_out):
+    """Gradients of :func:`linear` (``eq-tr-linear-grad``): ``(dx, dweight, dbias)``.
+
+    ``dx = d_out W^T``, ``dweight = X^T d_out`` and ``dbias`` the sum of ``d_out``
+    over every leading axis (rows of all sequences in the batch share the weight).
+
+    Parameters
+    ----------
+    x : ``(..., d_in)``
+    weight : ``(d_in, d_out)``
+    d_out : ``(..., d_out)``, the gradient with respect to the output
+
+    Returns
+    -------
+    dx ``(..., d_in)``, dweight ``(d_in, d_out)``, dbias ``(d_out,)``
+    """
+    x = _features(x, "x")
+    w = as_float_array(weight, "weight", ndim=2)
+    check_dim(w, "weight", 0, x.shape[-1], "d_in, the last axis of x")
+    g = _grad(d_out, "d_out", x.shape[:-1] + (w.shape[1],))
+    return g @ w.T, _rows(x).T @ _rows(g), _rows(g).sum(axis=0)
 
 
 def mlp(x, W_1, W_2):
@@ -174,6 +254,28 @@ def mlp(x, W_1, W_2):
     return _finite_result(out, ("x", x), ("W_1", w1), ("W_2", w2))
 
 
+def mlp_backward(x, W_1, W_2, d_out):
+    """Gradients of :func:`mlp` (``eq-tr-mlp-grad``): ``(dx, dW_1, dW_2)``.
+
+    The chain rule through ``u = x W_1``, ``h = silu(u)``, ``y = h W_2``: it
+    composes :func:`linear_backward` and :func:`silu_backward`.
+
+    Parameters
+    ----------
+    x : ``(..., d)``; W_1 : ``(d, d_ff)``; W_2 : ``(d_ff, d_out)``
+    d_out : ``(..., d_out)``
+
+    Returns
+    -------
+    dx ``(..., d)``, dW_1 ``(d, d_ff)``, dW_2 ``(d_ff, d_out)``
+    """
+    u = linear(x, W_1)
+    h = silu(u)
+    dh, dW_2, _ = linear_backward(h, W_2, d_out)
+    dx, dW_1, _ = linear_backward(x, W_1, silu_backward(u, dh))
+    return dx, dW_1, dW_2
+
+
 def embedding(tokens, table):
     """Token ids to vectors: row ``tokens[...]`` of ``table``.
 
@@ -199,6 +301,28 @@ def embedding(tokens, table):
     return out
 
 
+def embedding_backward(tokens, table, d_out):
+    """Gradient of :func:`embedding` with respect to the table (``eq-tr-embedding-grad``).
+
+    Row ``i`` of the result is the sum of ``d_out`` over every position whose
+    token is ``i`` (zero for tokens that do not occur).
+
+    Parameters
+    ----------
+    tokens : integer array ``(...)``; table : ``(vocab_size, d)``
+    d_out : ``(..., d)``
+
+    Returns
+    -------
+    dtable ``(vocab_size, d)``
+    """
+    out = embedding(tokens, table)
+    g = _grad(d_out, "d_out", out.shape)
+    dtable = np.zeros(np.shape(table), dtype=np.result_type(out, g))
+    np.add.at(dtable, np.asarray(tokens).ravel(), _rows(g))
+    return dtable
+
+
 # ---------------------------------------------------------------------------- norms
 
 def rms_norm(x, weight=None, *, eps=1e-6):
@@ -220,6 +344,33 @@ def rms_norm(x, weight=None, *, eps=1e-6):
     if weight is not None:
         out = out * _weight_vector(weight, "weight", x.shape[-1], "d, the last axis of x")
     return out
+
+
+def rms_norm_backward(x, d_out, weight=None, *, eps=1e-6):
+    """Gradients of :func:`rms_norm` (``eq-tr-rms-grad``): ``(dx, dweight)``.
+
+    With ``r = 1 / sqrt(mean(x^2) + eps)`` and ``g = d_out * weight``:
+    ``dx = r g - r^3 x mean(g x)``; ``dweight`` sums ``d_out * x r`` over the
+    leading axes (None when ``weight`` is None).
+
+    Parameters
+    ----------
+    x : ``(..., d)``; d_out : ``(..., d)``; weight : ``(d,)`` or None; eps : positive
+
+    Returns
+    -------
+    dx ``(..., d)``, dweight ``(d,)`` or None
+    """
+    normed = rms_norm(x, eps=eps)
+    x = np.asarray(x, dtype=normed.dtype)
+    g = _grad(d_out, "d_out", x.shape)
+    r = 1 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + _eps(eps))
+    dweight = None
+    if weight is not None:
+        w = _weight_vector(weight, "weight", x.shape[-1], "d, the last axis of x")
+        dweight = _rows(g * normed).sum(axis=0)
+        g = g * w
+    return r * g - r * normed * np.mean(g * normed, axis=-1, keepdims=True), dweight
 
 
 def gated_rms_norm(x, z, weight=None, *, eps=1e-6, norm_before_gate=True):
@@ -268,6 +419,22 @@ def l2_normalize(x, *, eps=1e-6):
     x = _features(x, "x")
     eps = _eps(eps)
     return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def l2_normalize_backward(x, d_out, *, eps=1e-6):
+    """Gradient of :func:`l2_normalize` (``eq-tr-l2-grad``).
+
+    With ``r = 1 / sqrt(sum(x^2) + eps)`` and ``y = r x``:
+    ``dx = r (d_out - y (y . d_out))``, the part of ``d_out`` orthogonal to
+    ``y``, scaled (exactly orthogonal only when ``eps = 0``).
+
+    ``x`` and ``d_out`` ``(..., d)``; returns ``dx`` ``(..., d)``.
+    """
+    y = l2_normalize(x, eps=eps)
+    x = np.asarray(x, dtype=y.dtype)
+    g = _grad(d_out, "d_out", x.shape)
+    r = 1 / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + _eps(eps))
+    return r * (g - y * np.sum(y * g, axis=-1, keepdims=True))
 
 
 # ---------------------------------------------------------------------------- short convolution
@@ -326,6 +493,43 @@ def short_conv(x, weight, *, initial_state=None, bias=None):
     if b is not None:
         y = y + b
     return y, padded[..., T:, :].copy()
+
+
+def short_conv_backward(x, weight, d_y, *, initial_state=None, bias=None, d_final_state=None):
+    """Gradients of :func:`short_conv` (``eq-tr-conv-grad``): ``(dx, dweight, dbias, d_initial_state)``.
+
+    Tap ``j`` multiplied token ``t - K + 1 + j`` into output ``t``, so it sends
+    ``weight[:, j] * d_y_t`` back to that token, and its weight gathers
+    ``d_y_t * x_{t-K+1+j}`` over every token and sequence. ``d_final_state`` (the
+    gradient with respect to the returned ``conv_state``, default zeros) flows
+    back to the last ``K - 1`` inputs.
+
+    Parameters
+    ----------
+    x : ``(..., T, d)``; weight : ``(d, K)``
+    d_y : ``(..., T, d)``, the gradient with respect to ``y``
+    initial_state : ``(..., K-1, d)`` or None; bias : ``(d,)`` or None
+    d_final_state : ``(..., K-1, d)`` or None
+
+    Returns
+    -------
+    dx ``(..., T, d)`` (the broadcast leading axes), dweight ``(d, K)``,
+    dbias ``(d,)`` (None when ``bias`` is None), d_initial_state ``(..., K-1, d)``
+    """
+    y, conv_state = short_conv(x, weight, initial_state=initial_state, bias=bias)
+    x, w, state, _ = _conv_args(x, weight, initial_state, bias, token=False)
+    K, T = w.shape[1], x.shape[-2]
+    g = _grad(d_y, "d_y", y.shape)
+    padded = np.concatenate([state, x], axis=-2)
+    d_padded = np.zeros(padded.shape, dtype=np.result_type(padded, g))
+    if d_final_state is not None:
+        d_padded[..., T:, :] += _grad(d_final_state, "d_final_state", conv_state.shape)
+    dweight = np.empty(w.shape, dtype=d_padded.dtype)
+    for j in range(K):
+        d_padded[..., j:j + T, :] += w[:, j] * g
+        dweight[:, j] = _rows(g * padded[..., j:j + T, :]).sum(axis=0)
+    dbias = None if bias is None else _rows(g).sum(axis=0)
+    return d_padded[..., K - 1:, :], dweight, dbias, d_padded[..., :K - 1, :]
 
 
 def short_conv_step(x, weight, *, initial_state=None, bias=None):

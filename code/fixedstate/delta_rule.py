@@ -804,3 +804,151 @@ def kda_chunkwise(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None, chu
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     return _run(_chunkwise, q, k, v, beta, log_gate, scale, initial_state, "channel", chunk_size)
+
+
+# --------------------------------------------------------------------------- backward passes (chapter 9)
+#
+# The gradient of a loss L through the recurrence S_t = G_t S_{t-1} + beta_t k_t (v_t - (G_t S_{t-1})^T k_t)^T,
+# o_t = scale * S_t^T q_t. The states are recomputed token by token with _step (the forward's own code);
+# then the gradient of the state runs backwards in time through the erase factors:
+#
+#     dS_t = scale * q_t do_t^T + G_{t+1} (I - beta_{t+1} k_{t+1} k_{t+1}^T) dS_{t+1}
+#
+# and each token reads its gradients off dS_t (the derivation is in chapter 9).
+
+from ._grad import sum_to, time_major  # noqa: E402  (kept here so that the section stands alone)
+
+__all__ += ["gated_delta_rule_backward", "delta_rule_backward", "kda_backward"]
+
+
+def _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, gate):
+    """The reverse-time scan shared by the delta-rule backward passes; returns the six gradients."""
+    shapes = {name: np.shape(x) for name, x in
+              (("q", q), ("k", k), ("v", v), ("beta", beta), ("log_gate", log_gate), ("initial_state", initial_state))}
+    lead, Q, K, V, Beta, G, S0, c = _prepare(q, k, v, beta, log_gate, scale, initial_state, gate=gate,
+                                             min_length=1)
+    T, d_k, d_v = Q.shape[-2], Q.shape[-1], V.shape[-1]
+    dtype = float_dtype(Q, d_out, d_final_state)                   # as the forward: float16 counts as float32
+    d_out = as_float_batch(d_out, "d_out", (T, d_v), ("T", "d_v"))
+    items = [("q", Q, 2), ("d_out", d_out, 2)]
+    if d_final_state is not None:
+        d_final_state = as_float_batch(d_final_state, "d_final_state", (d_k, d_v), ("d_k", "d_v"))
+        items.append(("d_final_state", d_final_state, 2))
+    lead = broadcast_leading(*items)
+    channelwise = gate == "channel"
+
+    def fit(a, n):
+        return None if a is None else np.broadcast_to(a.astype(dtype, copy=False), lead + a.shape[a.ndim - n:])
+
+    # time-major copies (token t is Q[t], contiguous), broadcast to the leading axes
+    Q, K, V, dO = (time_major(fit(a, 2), -2) for a in (Q, K, V, d_out))
+    Beta = time_major(fit(Beta, 1), -1)
+    decays = None if G is None else time_major(np.exp(fit(G, 1 + channelwise)), -1 - channelwise)
+    S0 = fit(S0, 2)
+    c = dtype.type(c)
+
+    # the forward again with _step, storing the state before (S_{t-1}) and after (S_t) each token
+    before = np.empty((T,) + lead + (d_k, d_v), dtype=dtype)
+    after = np.empty_like(before)
+    S = np.zeros(lead + (d_k, d_v), dtype=dtype) if S0 is None else S0
+    G = None if G is None else time_major(fit(G, 1 + channelwise), -1 - channelwise)
+    for t in range(T):
+        before[t] = S
+        _, S = _step(Q[t], K[t], V[t], Beta[t], None if G is None else G[t], S, 1.0, channelwise)
+        after[t] = S
+
+    # the gradient of the state, backwards in time (dS_t stored for every t) ...
+    writes = c * (Q[..., :, None] * dO[..., None, :])                           # scale q_t do_t^T, all t
+    beta_keys = Beta[..., None] * K                                             # beta_t k_t
+    dS = np.zeros(lead + (d_k, d_v), dtype=dtype) if d_final_state is None else fit(d_final_state, 2).copy()
+    d_states = np.empty_like(before)
+    for t in range(T - 1, -1, -1):
+        dS += writes[t]
+        d_states[t] = dS                                                        # dS_t
+        dS -= beta_keys[t][..., :, None] * (K[t][..., None, :] @ dS)            # (I - beta k k^T) dS_t
+        if decays is not None:
+            dS *= decays[t][..., :, None] if channelwise else decays[t][..., None, None]   # through G_t
+
+    # ... then every token's gradients at once
+    if decays is None:
+        decayed = before                                                        # P_t = S_{t-1}
+    else:
+        decayed = (decays[..., :, None] if channelwise else decays[..., None, None]) * before   # P_t = G_t S_{t-1}
+    error = V - (K[..., None, :] @ decayed)[..., 0, :]                          # e_t = v_t - P_t^T k_t
+    dS_k = (K[..., None, :] @ d_states)[..., 0, :]                              # dS_t^T k_t
+    dS_e = (d_states @ error[..., :, None])[..., 0]                             # dS_t e_t
+    dbeta = np.sum(K * dS_e, axis=-1)                                           # k_t^T dS_t e_t
+    dv = Beta[..., None] * dS_k
+    dk = Beta[..., None] * (dS_e - (decayed @ dS_k[..., :, None])[..., 0])
+    dgate = None
+    if decays is not None:
+        d_decayed = d_states - beta_keys[..., :, None] * dS_k[..., None, :]     # (I - beta k k^T) dS_t
+        dgate = np.sum(d_decayed * decayed, axis=-1 if channelwise else (-2, -1))   # row by row for KDA
+    dq = c * (after @ dO[..., None])[..., 0]                                    # scale S_t do_t
+    dq, dk, dv = (np.moveaxis(a, 0, -2) for a in (dq, dk, dv))
+    dbeta = np.moveaxis(dbeta, 0, -1)
+    dgate = None if G is None else np.moveaxis(dgate, 0, -1 - channelwise)
+    return (sum_to(dq, shapes["q"]), sum_to(dk, shapes["k"]), sum_to(dv, shapes["v"]),
+            sum_to(dbeta, shapes["beta"]), None if G is None else sum_to(dgate, shapes["log_gate"]),
+            dS if initial_state is None else sum_to(dS, shapes["initial_state"]))
+
+
+def gated_delta_rule_backward(q, k, v, d_out, *, beta, log_gate, scale=1.0, initial_state=None,
+                              d_final_state=None):
+    """The gradients of Gated DeltaNet (``eq-dr-gated``): the reverse-time scan ``eq-bw-dr-state``, ``eq-bw-dr-grads``.
+
+    With ``P_t = g_t S_{t-1}`` (``g_t = exp(log_gate_t)``), the error
+    ``e_t = v_t - P_t^T k_t`` and ``S_t = P_t + beta_t k_t e_t^T``, the states are
+    recomputed with the forward's one-token code; then, backwards in time, the
+    gradient of the state collects the readout and passes through the erase factor
+    and the gate:
+
+        dS_t = scale * q_t do_t^T + g_{t+1} (I - beta_{t+1} k_{t+1} k_{t+1}^T) dS_{t+1}
+
+    (``dS_T = scale * q_T do_T^T + d_final_state``), and each token reads off
+    ``dq_t = scale * S_t do_t``, ``dv_t = beta_t dS_t^T k_t``,
+    ``dk_t = beta_t (dS_t e_t - P_t dS_t^T k_t)``, ``dbeta_t = k_t^T dS_t e_t``,
+    ``dlog_gate_t = <(I - beta_t k_t k_t^T) dS_t, P_t>``; the gradient with respect
+    to the initial state is ``g_1 (I - beta_1 k_1 k_1^T) dS_1``.
+
+    Parameters
+    ----------
+    q, k : (..., T, d_k). v : (..., T, d_v). d_out : (..., T, d_v), the gradient of the loss
+        with respect to the outputs.
+    beta : (..., T) in [0, 1]. log_gate : (..., T) log-decays <= 0. scale : readout scale.
+    initial_state : (..., d_k, d_v) or None (zeros).
+    d_final_state : (..., d_k, d_v), the gradient with respect to the final state, or None (zero).
+
+    Returns
+    -------
+    dq, dk, dv, dbeta, dlog_gate : arrays of the shapes of the inputs (summed over the
+        leading axes along which an input was broadcast), in the common precision.
+    d_initial_state : the shape of ``initial_state``; when it is None, the gradient with
+        respect to a zero initial state, ``(..., d_k, d_v)``.
+    """
+    return _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, "scalar")
+
+
+def delta_rule_backward(q, k, v, d_out, *, beta, scale=1.0, initial_state=None, d_final_state=None):
+    """The gradients of DeltaNet (``eq-dr-delta``): ``eq-bw-dr-grads`` with the gate 1.
+
+    Calls :func:`gated_delta_rule_backward` with ``log_gate = 0`` and drops the
+    gate's gradient. Returns ``(dq, dk, dv, dbeta, d_initial_state)``; arguments as
+    there, without ``log_gate``.
+    """
+    zeros = np.zeros(np.shape(beta), dtype=float_dtype(beta))
+    dq, dk, dv, dbeta, _, ds0 = gated_delta_rule_backward(q, k, v, d_out, beta=beta, log_gate=zeros, scale=scale,
+                                                          initial_state=initial_state, d_final_state=d_final_state)
+    return dq, dk, dv, dbeta, ds0
+
+
+def kda_backward(q, k, v, d_out, *, beta, log_gate, scale=1.0, initial_state=None, d_final_state=None):
+    """The gradients of Kimi Delta Attention (``eq-dr-kda``): ``eq-bw-dr-state`` with a gate per key channel.
+
+    The gate is ``Diag(alpha_t)`` with ``alpha_t = exp(log_gate_t)`` per key channel:
+    ``dS_{t-1}`` gets ``Diag(alpha_t) (I - beta_t k_t k_t^T) dS_t``, and
+    ``dlog_gate_t[i]`` is row ``i`` of ``(I - beta_t k_t k_t^T) dS_t`` times row ``i``
+    of ``P_t = Diag(alpha_t) S_{t-1}``, summed. ``log_gate`` is ``(..., T, d_k)``;
+    the rest as :func:`gated_delta_rule_backward`, whose six gradients it returns.
+    """
+    return _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, "channel")

@@ -22,14 +22,19 @@ scale, initial_state`` (and ``chunk_size``) by keyword, and returns
 forms compute the same numbers; ``tests/test_linear_attention.py`` proves it to
 a relative error of 1e-10 in float64, and against the reference token loop
 :func:`linear_attention_loop`. float32 in gives float32 out.
+
+:func:`linear_attention_backward` is the backward pass of the un-normalised,
+identity-feature-map recurrence, optionally with a scalar gate per token
+(chapter 9).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_dim, check_positive_int,
-                        check_real_number, check_same_length, float_dtype)
+from ._grad import sum_to, time_major
+from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_dim, check_log_gate,
+                        check_positive_int, check_real_number, check_same_length, float_dtype)
 
 __all__ = [
     "elu_plus_one",
@@ -44,6 +49,7 @@ __all__ = [
     "favor_plus_features",
     "draw_linformer_projection",
     "linformer_attention",
+    "linear_attention_backward",
 ]
 
 
@@ -398,3 +404,101 @@ def linformer_attention(q, k, v, proj_k, proj_v, *, scale=None):
     short_keys, short_values = e @ k, f @ v               # (k, d_k), (k, d_v): k summary tokens
     weights = _row_softmax(_scale(scale, q.shape[1]) * (q @ short_keys.T))   # (T, k)
     return weights @ short_values
+
+
+# ---------------------------------------------------------------- the backward pass
+
+def linear_attention_backward(q, k, v, d_out, *, log_gate=None, scale=1.0, initial_state=None,
+                              d_final_state=None):
+    """The gradients of un-normalised linear attention (``eq-la-recurrent``), optionally gated: ``eq-bw-la-grads``.
+
+    The forward pass is the recurrent form with ``feature_map=identity_feature_map,
+    normalize=False`` (:func:`linear_attention_recurrent`), and, when ``log_gate`` is
+    given, a decay ``g_t = exp(log_gate_t)`` of the state before each write:
+
+        S_t = g_t S_{t-1} + k_t v_t^T,      o_t = scale * S_t^T q_t
+
+    (``g_t = 1`` without a gate; with a gate this is also Mamba-2's recurrence,
+    which :func:`fixedstate.ssm.ssd_backward` builds on). The normalised form and
+    other feature maps are not covered: apply the feature map's own backward to
+    ``dq`` and ``dk``. The states are recomputed token by token with
+    :func:`linear_attention_step` (the forward's own code, fed the decayed state
+    ``g_t S_{t-1}`` as its initial state); then the gradient of the state runs
+    backwards in time (``eq-bw-la-state``)
+
+        dS_t = scale * q_t do_t^T + g_{t+1} dS_{t+1},    dS_T = scale * q_T do_T^T + d_final_state,
+
+    and each token reads its gradients off it:
+    ``dq_t = scale * S_t do_t``, ``dk_t = dS_t v_t``, ``dv_t = dS_t^T k_t``,
+    ``dlog_gate_t = g_t <dS_t, S_{t-1}>``, and ``d_initial_state = g_1 dS_1``.
+
+    Parameters
+    ----------
+    q, k : arrays ``(..., T, d_k)``; v : array ``(..., T, d_v)``
+    d_out : array ``(..., T, d_v)``, the gradient of the loss with respect to the outputs
+    log_gate : array ``(..., T)`` of log-decays ``<= 0``, or None (no gate)
+    scale : number multiplying the outputs (default 1)
+    initial_state : array ``(..., d_k, d_v)`` or None (zeros)
+    d_final_state : array ``(..., d_k, d_v)``, the gradient with respect to the final
+        state (when the loss depends on it, as across chunks), or None (zero)
+
+    Returns
+    -------
+    dq, dk, dv : arrays of the shapes of ``q``, ``k``, ``v``
+    dlog_gate : array of the shape of ``log_gate``, or None when ``log_gate`` is None
+    d_initial_state : array of the shape of ``initial_state``; when it is None, the
+        gradient with respect to a zero initial state, ``(..., d_k, d_v)`` with the
+        leading axes of all inputs
+
+    Every gradient is summed over the leading axes along which its input was
+    broadcast, and has the common floating precision of the arguments.
+    """
+    dtype = float_dtype(q, k, v, d_out, log_gate, initial_state, d_final_state)   # float16 counts as float32
+    _, q, k, v, s0, _, c = _prepare(q, k, v, identity_feature_map, False, 1e-12, scale, initial_state)
+    T, d_k, d_v = q.shape[-2], q.shape[-1], v.shape[-1]
+    d_out = as_float_batch(d_out, "d_out", (T, d_v), ("T", "d_v"))
+    items = [("q", q, 2), ("k", k, 2), ("v", v, 2), ("d_out", d_out, 2)]
+    if log_gate is not None:
+        log_gate = check_log_gate(as_float_batch(log_gate, "log_gate", (T,), ("T",), allow_nonfinite=True))
+        items.append(("log_gate", log_gate, 1))
+    if s0 is not None:
+        s0 = as_float_batch(initial_state, "initial_state", (d_k, d_v), ("d_k", "d_v"))
+        items.append(("initial_state", s0, 2))
+    if d_final_state is not None:
+        d_final_state = as_float_batch(d_final_state, "d_final_state", (d_k, d_v), ("d_k", "d_v"))
+        items.append(("d_final_state", d_final_state, 2))
+    lead = broadcast_leading(*items)
+    fit = lambda a, n: np.broadcast_to(a.astype(dtype, copy=False), lead + a.shape[a.ndim - n:])  # noqa: E731
+    # time-major copies (token t is Q[t], contiguous), broadcast to the leading axes
+    Q, K, V, dO = (time_major(fit(a, 2), -2) for a in (q, k, v, d_out))
+    gates = None if log_gate is None else time_major(np.exp(fit(log_gate, 1)), -1)   # g_t = exp(log_gate_t)
+    c = dtype.type(c)
+
+    # the forward again, storing the state before (S_{t-1}) and after (S_t) each token
+    before = np.empty((T,) + lead + (d_k, d_v), dtype=dtype)
+    after = np.empty_like(before)
+    S = np.zeros(lead + (d_k, d_v), dtype=dtype) if s0 is None else fit(s0, 2)
+    for t in range(T):
+        before[t] = S
+        decayed = S if gates is None else gates[t][..., None, None] * S
+        _, S = linear_attention_step(Q[t], K[t], V[t], feature_map=identity_feature_map, normalize=False,
+                                     initial_state=decayed)
+        after[t] = S
+
+    # the gradient of the state, backwards in time; then every token's reads at once
+    writes = c * (Q[..., :, None] * dO[..., None, :])                           # scale q_t do_t^T, all t
+    dS = np.zeros(lead + (d_k, d_v), dtype=dtype) if d_final_state is None else fit(d_final_state, 2).copy()
+    d_states = np.empty_like(before)                                            # dS_t for every t
+    for t in range(T - 1, -1, -1):
+        dS += writes[t]
+        d_states[t] = dS
+        if gates is not None:
+            dS *= gates[t][..., None, None]                                     # through the decay
+    dq = c * (after @ dO[..., None])[..., 0]                                    # scale S_t do_t
+    dk = (d_states @ V[..., None])[..., 0]                                      # dS_t v_t
+    dv = (K[..., None, :] @ d_states)[..., 0, :]                                # dS_t^T k_t
+    dgate = None if gates is None else gates * np.sum(d_states * before, axis=(-2, -1))
+    dq, dk, dv = (np.moveaxis(a, 0, -2) for a in (dq, dk, dv))
+    return (sum_to(dq, q.shape), sum_to(dk, k.shape), sum_to(dv, v.shape),
+            None if dgate is None else sum_to(np.moveaxis(dgate, 0, -1), log_gate.shape),
+            dS if s0 is None else sum_to(dS, s0.shape))

@@ -15,13 +15,16 @@ fixed-state layers, every form takes ``q, k, v`` positionally and returns
 - :func:`softmax_attention_step`: one generated token against the KV cache,
   equation ``eq-sm-decode``;
 - :func:`softmax_attention_loop`: the reference loop, one query at a time;
-- :func:`attention_weights`: the attention matrix itself (a helper, not a core).
+- :func:`attention_weights`: the attention matrix itself (a helper, not a core);
+- :func:`softmax_attention_backward`: the gradients of the masked matrix form
+  with respect to ``q, k, v`` (chapter 9).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ._grad import sum_to
 from ._validate import as_float_array, as_float_batch, broadcast_leading, float_dtype
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "softmax_attention_step",
     "softmax_attention_loop",
     "attention_weights",
+    "softmax_attention_backward",
 ]
 
 
@@ -314,3 +318,47 @@ def softmax_attention_loop(q, k, v, *, scale=None, initial_state=None):
         w = np.exp(s - s.max())                   # exp(s_tj), shifted by the largest so nothing overflows
         o[t] = (w / w.sum()) @ V[: n + t + 1]     # eq-sm-causal: the weighted average of the visible values
     return o, KVCache(K, V)
+
+
+# ---------------------------------------------------------------- the backward pass
+
+def softmax_attention_backward(q, k, v, d_out, *, causal: bool = True, scale=None):
+    """The gradients of :func:`softmax_attention` (``eq-sm-causal``, no cache): ``eq-bw-sm-dv``, ``eq-bw-sm-dqk``.
+
+    For a loss ``L`` whose gradient with respect to the outputs ``O = A V`` is
+    ``d_out``, with ``A = softmax(mask(c Q K^T))`` (recomputed by
+    :func:`attention_weights`, the forward's own code):
+
+    - ``dV = A^T dO``;
+    - ``dA = dO V^T`` and, through the softmax of each row,
+      ``dS = A * (dA - rowsum(A * dA))`` (masked entries have ``A = 0``, so no
+      gradient);
+    - ``dQ = c dS K`` and ``dK = c dS^T Q``.
+
+    Parameters
+    ----------
+    q : array ``(..., T, d_k)``
+    k : array ``(..., T, d_k)`` (``(..., m, d_k)`` allowed when not causal)
+    v : array ``(..., T, d_v)`` (or ``(..., m, d_v)``)
+    d_out : array ``(..., T, d_v)``, the gradient of the loss with respect to the outputs
+    causal, scale : as :func:`softmax_attention`
+
+    Returns
+    -------
+    dq, dk, dv : arrays of the shapes of ``q``, ``k``, ``v`` (summed over the leading
+        axes along which an input was broadcast), in the common floating precision.
+    """
+    causal = _check_causal(causal)
+    dtype = float_dtype(q, k, v, d_out)                           # float16 counts as float32
+    q, k, v, _ = _prepare(q, k, v, None, causal=causal)
+    d_out = as_float_batch(d_out, "d_out", (q.shape[-2], v.shape[-1]), ("T", "d_v"))
+    broadcast_leading(("q", q, 2), ("k", k, 2), ("v", v, 2), ("d_out", d_out, 2))
+    q, k, v, d_out = (a.astype(dtype, copy=False) for a in (q, k, v, d_out))
+    c = dtype.type(_scale(scale, q.shape[-1]))
+    weights = attention_weights(q, k, causal=causal, scale=scale)           # A, (..., T, m)
+    d_weights = d_out @ v.swapaxes(-1, -2)                                   # dA = dO V^T
+    d_scores = weights * (d_weights - np.sum(weights * d_weights, axis=-1, keepdims=True))
+    dq = c * (d_scores @ k)
+    dk = c * (d_scores.swapaxes(-1, -2) @ q)
+    dv = weights.swapaxes(-1, -2) @ d_out
+    return sum_to(dq, q.shape), sum_to(dk, k.shape), sum_to(dv, v.shape)

@@ -839,6 +839,148 @@ def ssd_chunkwise(x, delta, a, B, C, *, D=None, initial_state=None, chunk_size=6
 
 
 # ---------------------------------------------------------------------------
+# backward passes (chapter 9)
+
+from ._grad import sum_to, time_major  # noqa: E402  (kept here so that the section stands alone)
+
+__all__ += ["ssd_backward", "selective_scan_backward"]
+
+
+def ssd_backward(x, delta, a, B, C, d_y, *, D=None, initial_state=None, d_final_state=None):
+    """The gradients of Mamba-2's heads (``eq-ssm-ssd-recurrent``), ``eq-bw-ssd``: via linear attention's.
+
+    :func:`ssd_recurrent` is linear attention with a scalar gate: query
+    ``q_t = C_t``, key ``k_t = B_t``, value ``v_t = delta_t x_t`` and log-decay
+    ``log g_t = delta_t a``, plus the skip ``D x_t``. So its backward pass is
+    :func:`fixedstate.linear_attention.linear_attention_backward` (which recomputes
+    the states with the forward's code and runs the state's gradient backwards in
+    time) followed by the chain rule through those four substitutions:
+
+    - ``dC = dq``, ``dB = dk``;
+    - ``dx_t = delta_t dv_t + D dy_t``;
+    - ``ddelta_t = x_t . dv_t + a dlog_gate_t``;
+    - ``da = sum_t delta_t dlog_gate_t``; ``dD = sum_t x_t . dy_t``.
+
+    Parameters
+    ----------
+    x, delta, a, B, C, D, initial_state : as :func:`ssd_recurrent`
+    d_y : (..., T, P), the gradient of the loss with respect to the outputs ``y``
+    d_final_state : (..., N, P), the gradient with respect to the final state, or None (zero)
+
+    Returns
+    -------
+    dx, ddelta, da, dB, dC : arrays of the shapes of the inputs (summed over the
+        axes along which an input was broadcast), in the common precision.
+    dD : the shape of ``D``, or None when ``D`` is None.
+    d_initial_state : the shape of ``initial_state``; when it is None, the gradient
+        with respect to a zero initial state, ``(..., N, P)``.
+    """
+    from .linear_attention import linear_attention_backward
+
+    shapes = [np.shape(arg) for arg in (x, delta, a, B, C, D)]
+    xs, dt, aa, Bb, Cc, Dd, _ = _ssd_args(x, delta, a, B, C, D, initial_state)
+    dtype = float_dtype(xs, d_y, d_final_state)                          # as the forward: float16 counts as float32
+    T, P = xs.shape[-2:]
+    d_y = as_float_batch(d_y, "d_y", (T, P), ("T", "P"))
+    if d_final_state is not None:
+        d_final_state = as_float_batch(d_final_state, "d_final_state", (Bb.shape[-1], P), ("N", "P"))
+    lead = broadcast_leading(("x", xs, 2), ("delta", dt, 1), ("a", aa, 0), ("B", Bb, 2), ("C", Cc, 2),
+                             ("D", Dd, 0), ("d_y", d_y, 2))
+    xs, dt, aa, Bb, Cc, Dd, d_y = (arr.astype(dtype, copy=False) for arr in (xs, dt, aa, Bb, Cc, Dd, d_y))
+    log_gate = aa[..., None] * dt                                        # log g_t = delta_t a
+    values = dt[..., None] * xs                                          # v_t = delta_t x_t
+    cast = lambda arr: None if arr is None else as_float_array(arr, "").astype(dtype, copy=False)  # noqa: E731
+    dC, dB, dv, dlog_gate, d_state = linear_attention_backward(   # every argument is valid by now
+        Cc, Bb, values, d_y, log_gate=log_gate, initial_state=cast(initial_state), d_final_state=cast(d_final_state))
+    dx = dt[..., None] * dv + Dd[..., None, None] * d_y
+    ddelta = np.sum(xs * dv, axis=-1) + aa[..., None] * dlog_gate
+    da = np.sum(dt * dlog_gate, axis=-1)
+    dD = None if D is None else sum_to(np.sum(xs * d_y, axis=(-2, -1)), shapes[5])
+    return (sum_to(np.broadcast_to(dx, lead + (T, P)), shapes[0]), sum_to(ddelta, shapes[1]),
+            sum_to(da, shapes[2]), sum_to(dB, shapes[3]), sum_to(dC, shapes[4]), dD,
+            d_state.astype(dtype, copy=False))
+
+
+def selective_scan_backward(x, delta, A, B, C, d_y, *, D=None, initial_state=None, d_final_state=None):
+    """The gradients of Mamba's selective scan (``eq-ssm-selective``): ``eq-bw-s6-state``, ``eq-bw-s6-grads``.
+
+    With ``A_bar_t = exp(delta_t A)`` (``(d, N)``, channel ``i`` decayed by
+    ``exp(delta_t[i] A[i, n])``) and ``h_t = A_bar_t * h_{t-1} + (delta_t x_t) B_t``,
+    ``y_t = h_t C_t + D x_t``, the states are recomputed token by token with
+    :func:`selective_scan_step` (the forward's code); then, backwards in time,
+
+        dh_t = dy_t C_t^T + A_bar_{t+1} * dh_{t+1}      (dh_T = dy_T C_T^T + d_final_state)
+
+    entrywise, and each token reads off ``dC_t = h_t^T dy_t``,
+    ``dB_t = (delta_t x_t)^T dh_t``, ``dx_t = delta_t (dh_t B_t) + D dy_t``,
+    ``ddelta_t = x_t (dh_t B_t) + rowsum(dh_t * A_bar_t * h_{t-1} * A)``, and
+    ``dA = sum_t delta_t * dh_t * A_bar_t * h_{t-1}`` (``delta_t`` along the rows);
+    ``d_initial_state = A_bar_1 * dh_1``.
+
+    Parameters
+    ----------
+    x, delta, A, B, C, D, initial_state : as :func:`selective_scan_sequential`
+    d_y : (..., T, d), the gradient of the loss with respect to the outputs
+    d_final_state : (..., d, N), the gradient with respect to the final state, or None (zero)
+
+    Returns
+    -------
+    dx, ddelta, dA, dB, dC : arrays of the shapes of the inputs (summed over the
+        axes along which an input was broadcast), in the common precision.
+    dD : the shape of ``D``, or None when ``D`` is None.
+    d_initial_state : the shape of ``initial_state``; when it is None, ``(..., d, N)``.
+    """
+    shapes = [np.shape(arg) for arg in (x, delta, A, B, C, D, initial_state)]
+    xs, dt, Aa, Bb, Cc, Dd, h0 = _selective_args(x, delta, A, B, C, D, initial_state)
+    dtype = float_dtype(xs, d_y, d_final_state)                          # as the forward: float16 counts as float32
+    T, d, N = xs.shape[-2], xs.shape[-1], Aa.shape[-1]
+    d_y = as_float_batch(d_y, "d_y", (T, d), ("T", "d"))
+    items = [("x", xs, 2), ("delta", dt, 2), ("B", Bb, 2), ("C", Cc, 2), ("initial_state", h0, 2), ("d_y", d_y, 2)]
+    if d_final_state is not None:
+        d_final_state = as_float_batch(d_final_state, "d_final_state", (d, N), ("d", "N"))
+        items.append(("d_final_state", d_final_state, 2))
+    lead = broadcast_leading(*items)
+
+    def fit(arr, n):
+        return np.broadcast_to(arr.astype(dtype, copy=False), lead + arr.shape[arr.ndim - n:])
+    # time-major copies (token t is xs[t], contiguous), broadcast to the leading axes
+    xs, dt, Bb, Cc, dY = (time_major(fit(arr, 2), -2) for arr in (xs, dt, Bb, Cc, d_y))
+    h = fit(h0, 2)
+    Aa, Dd = Aa.astype(dtype, copy=False), Dd.astype(dtype, copy=False)
+
+    # the forward again with selective_scan_step, storing every state h_0, ..., h_T
+    states = np.empty((T + 1,) + lead + (d, N), dtype=dtype)
+    states[0] = h
+    for t in range(T):
+        _, h = selective_scan_step(xs[t], dt[t], Aa, Bb[t], Cc[t], initial_state=h)
+        states[t + 1] = h
+
+    # the gradient of the state, backwards in time (dh_t stored for every t) ...
+    decays = np.exp(dt[..., :, None] * Aa)                                     # A_bar_t = exp(delta_t A), all t
+    writes = dY[..., :, None] * Cc[..., None, :]                               # dy_t C_t^T, all t
+    dh = np.zeros(lead + (d, N), dtype=dtype) if d_final_state is None else fit(d_final_state, 2).copy()
+    d_states = np.empty_like(states[1:])
+    for t in range(T - 1, -1, -1):
+        dh += writes[t]
+        d_states[t] = dh                                                       # dh_t
+        dh *= decays[t]                                                        # through A_bar_t
+
+    # ... then every token's gradients at once
+    d_decay = d_states * decays * states[:-1]                                  # dL/d(delta_t A), entrywise
+    dh_B = np.sum(d_states * Bb[..., None, :], axis=-1)                        # dh_t B_t, (T, ..., d)
+    dx = dt * dh_B
+    ddelta = xs * dh_B + np.sum(d_decay * Aa, axis=-1)
+    dB = np.sum((dt * xs)[..., :, None] * d_states, axis=-2)
+    dA = np.sum(dt[..., :, None] * d_decay, axis=0)
+    dC = np.einsum("t...in,t...i->t...n", states[1:], dY)                     # h_t^T dy_t
+    dx = dx + Dd * dY
+    dD = None if D is None else sum_to(np.sum(xs * dY, axis=0), shapes[5])
+    dx, ddelta, dB, dC = (np.moveaxis(arr, 0, -2) for arr in (dx, ddelta, dB, dC))
+    return (sum_to(dx, shapes[0]), sum_to(ddelta, shapes[1]), sum_to(dA, shapes[2]), sum_to(dB, shapes[3]),
+            sum_to(dC, shapes[4]), dD, dh if initial_state is None else sum_to(dh, shapes[6]))
+
+
+# ---------------------------------------------------------------------------
 # costs (the chapter's table)
 
 def ssm_state_bytes(d_model: int, n_layers: int, state_size: int, *, bytes_per_number: int = 2,

@@ -1,0 +1,592 @@
+"""Training tiny models on MQAR, in numpy: the loss, Adam, the model and the experiment.
+
+Chapter 9 ("Train it yourself") derives every gradient used here. This module
+composes them; it redefines no layer and no block:
+
+- :func:`cross_entropy`, :func:`cross_entropy_backward`: the loss at the query
+  positions of an MQAR batch (targets ``-1`` elsewhere are ignored);
+- :func:`adam_init`, :func:`adam_step`: Adam, with the global gradient norm
+  clipped;
+- :func:`init_model`, :func:`model_forward`, :func:`model_backward`,
+  :func:`loss_and_grads`: a two-layer pre-norm model whose token mixer is a
+  parameter (``MIXERS``); every mixer sits in the same block (RMSNorm, three
+  projections, a short causal convolution on each, the core, an output
+  projection, then an MLP), so the mixers differ in the core alone;
+- :func:`train`, :func:`evaluate`: the training loop on
+  :func:`fixedstate.recall.make_mqar` batches (fresh seeded batches at every
+  step, a held-out test set drawn from a separate stream);
+- :func:`run_sweep`: the experiment of the chapter (``make experiment``).
+
+The cores' backward passes live beside their forward passes, in
+:mod:`fixedstate.softmax_attention`, :mod:`fixedstate.linear_attention`,
+:mod:`fixedstate.delta_rule` and :mod:`fixedstate.ssm`; the blocks' in
+:mod:`fixedstate.blocks`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import blocks as bl
+from . import delta_rule as dr
+from . import linear_attention as la
+from . import softmax_attention as sa
+from . import ssm
+from ._threads import one_blas_thread
+from ._validate import as_float_array, check_positive_int
+from .recall import make_mqar
+
+__all__ = [
+    "MIXERS",
+    "LAYERS",
+    "ModelConfig",
+    "cross_entropy",
+    "cross_entropy_backward",
+    "adam_init",
+    "adam_step",
+    "init_model",
+    "model_forward",
+    "model_backward",
+    "loss_and_grads",
+    "evaluate",
+    "train",
+    "mqar_data",
+    "SWEEP",
+    "run_config",
+    "run_sweep",
+]
+
+# The cores a layer can hold, and the mixers a model can have: each mixer is the
+# list of its two layers' cores. The hybrid puts its one attention layer last.
+LAYERS = ("softmax", "linear", "deltanet", "gated_deltanet", "ssd")
+MIXERS = {
+    "softmax": ("softmax", "softmax"),
+    "linear": ("linear", "linear"),
+    "deltanet": ("deltanet", "deltanet"),
+    "gated_deltanet": ("gated_deltanet", "gated_deltanet"),
+    "ssd": ("ssd", "ssd"),
+    "hybrid": ("gated_deltanet", "softmax"),
+}
+
+
+# ---------------------------------------------------------------------------- the loss
+
+def _targets(targets, shape):
+    t = np.asarray(targets)
+    if t.dtype == bool or t.dtype.kind not in "iu":
+        raise ValueError(f"targets: expected an integer array of token ids (-1 where no answer is asked), "
+                         f"got dtype {t.dtype}")
+    if t.shape != shape[:-1]:
+        raise ValueError(f"targets: expected shape {shape[:-1]} (the leading axes of logits), got {t.shape}")
+    if t.size and (t.min() < -1 or t.max() >= shape[-1]):
+        raise ValueError(f"targets: expected ids in [-1, {shape[-1]}) (-1: no answer asked), got values in "
+                         f"[{int(t.min())}, {int(t.max())}]")
+    if not (t >= 0).any():
+        raise ValueError("targets: expected at least one position with an answer (an id >= 0), got none")
+    return t
+
+
+def _log_softmax(logits):
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+
+
+def cross_entropy(logits, targets) -> float:
+    """Mean cross-entropy over the positions with a target (``eq-tr-xent``).
+
+    ``L = -(1/M) sum_{t: y_t >= 0} log softmax(z_t)[y_t]`` with ``M`` the number
+    of such positions. ``logits`` ``(..., V)``; ``targets`` ``(...)`` integers in
+    ``[-1, V)``, ``-1`` where no answer is asked. Returns a float.
+    """
+    z = as_float_array(logits, "logits")
+    t = _targets(targets, z.shape)
+    mask = t >= 0
+    logp = _log_softmax(z[mask])
+    return float(-np.mean(logp[np.arange(logp.shape[0]), t[mask]]))
+
+
+def cross_entropy_backward(logits, targets):
+    """Gradient of :func:`cross_entropy` with respect to the logits (``eq-tr-xent-grad``).
+
+    ``(softmax(z_t) - onehot(y_t)) / M`` at a position with a target, zero
+    elsewhere. Same shape and dtype as ``logits``.
+    """
+    z = as_float_array(logits, "logits")
+    t = _targets(targets, z.shape)
+    mask = t >= 0
+    g = np.zeros_like(z)
+    p = np.exp(_log_softmax(z[mask]))
+    p[np.arange(p.shape[0]), t[mask]] -= 1
+    g[mask] = p / mask.sum()
+    return g
+
+
+# ---------------------------------------------------------------------------- Adam
+
+def adam_init(params) -> dict:
+    """Adam's state for a dict of parameter arrays: zero moments and step 0."""
+    return {"step": 0,
+            "m": {name: np.zeros_like(p) for name, p in params.items()},
+            "v": {name: np.zeros_like(p) for name, p in params.items()}}
+
+
+def _nonneg(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def adam_step(params, grads, state, *, lr, beta1=0.9, beta2=0.999, eps=1e-8, clip=None):
+    """One Adam step (``eq-tr-adam``), in place on ``params``; returns the gradient norm before clipping.
+
+    ``m <- beta1 m + (1 - beta1) g``, ``v <- beta2 v + (1 - beta2) g^2``,
+    ``p <- p - lr * m_hat / (sqrt(v_hat) + eps)`` with the bias corrections
+    ``m_hat = m / (1 - beta1^n)``, ``v_hat = v / (1 - beta2^n)`` at step ``n``.
+    With ``clip``, the gradients are first scaled so that their global norm is at
+    most ``clip``.
+
+    Parameters
+    ----------
+    params, grads : dicts of arrays with the same keys and shapes
+    state : from :func:`adam_init`, updated in place
+    lr : learning rate >= 0; beta1, beta2 in [0, 1); eps > 0; clip > 0 or None
+    """
+    lr = _nonneg(lr, "lr")
+    for name, b in (("beta1", beta1), ("beta2", beta2)):
+        if not (isinstance(b, numbers.Real) and 0 <= b < 1):
+            raise ValueError(f"{name}: expected a number in [0, 1), got {b!r}")
+    if not (isinstance(eps, numbers.Real) and eps > 0):
+        raise ValueError(f"eps: expected a positive number, got {eps!r}")
+    if set(grads) != set(params):
+        raise ValueError(f"grads: expected the keys of params {sorted(params)}, got {sorted(grads)}")
+    for name, p in params.items():
+        if np.shape(grads[name]) != p.shape:
+            raise ValueError(f"grads: expected shape {p.shape} for {name!r}, got {np.shape(grads[name])}")
+    norm = math.sqrt(sum(float(np.sum(np.square(g))) for g in grads.values()))
+    factor = 1.0
+    if clip is not None:
+        if not (isinstance(clip, numbers.Real) and clip > 0):
+            raise ValueError(f"clip: expected a positive number or None, got {clip!r}")
+        factor = min(1.0, clip / max(norm, 1e-300))
+    state["step"] += 1
+    n = state["step"]
+    c1, c2 = 1 - beta1 ** n, 1 - beta2 ** n
+    for name, p in params.items():
+        g = grads[name] * factor
+        m, v = state["m"][name], state["v"][name]
+        m *= beta1
+        m += (1 - beta1) * g
+        v *= beta2
+        v += (1 - beta2) * g * g
+        p -= lr * (m / c1) / (np.sqrt(v / c2) + eps)
+    return norm
+
+
+# ---------------------------------------------------------------------------- the model
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a tiny model: its mixer (a key of ``MIXERS``) and sizes.
+
+    ``d_model`` is the width; each mixer has one head with ``d_k = d_v = d_model``
+    (the fixed-state layers' state is ``d_model x d_model``); the MLP is
+    ``d_model -> d_ff -> d_model``; the short convolution has ``conv_size`` taps.
+    """
+
+    mixer: str
+    vocab_size: int
+    d_model: int
+    d_ff: int | None = None
+    conv_size: int = 4
+    layers: tuple = field(init=False)
+
+    def __post_init__(self):
+        if self.mixer not in MIXERS:
+            raise ValueError(f"mixer: expected one of {sorted(MIXERS)}, got {self.mixer!r}")
+        check_positive_int(self.vocab_size, "vocab_size", minimum=2)
+        check_positive_int(self.d_model, "d_model")
+        check_positive_int(self.conv_size, "conv_size")
+        if self.d_ff is None:
+            object.__setattr__(self, "d_ff", 2 * self.d_model)
+        check_positive_int(self.d_ff, "d_ff")
+        object.__setattr__(self, "layers", MIXERS[self.mixer])
+
+
+def init_model(config: ModelConfig, rng, *, dtype=np.float64) -> dict:
+    """Random parameters of the model ``config`` describes, as a dict name -> array of ``dtype``.
+
+    ``dtype`` is float64 (for gradient checks) or float32 (for training: twice
+    as fast in numpy, and precise enough for Adam's steps).
+
+    Projections are drawn with standard deviation ``1/sqrt(d_in)``; the two
+    projections that write into the residual stream (``Wo``, ``W2``) are scaled
+    down by ``sqrt(2 * n_layers)``; the convolution starts as the identity (its
+    last tap 1, the others small); gates start open (``beta`` near 0.5, the
+    decay near 0.95, the SSM step near 0.7).
+    """
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"config: expected a ModelConfig, got {type(config).__name__}")
+    rng = np.random.default_rng(rng)
+    d, V, K, F = config.d_model, config.vocab_size, config.conv_size, config.d_ff
+    out_scale = 1 / math.sqrt(2 * len(config.layers))
+
+    def proj(d_in, d_out, scale=1.0):
+        return rng.standard_normal((d_in, d_out)) * scale / math.sqrt(d_in)
+
+    p = {"embed": rng.standard_normal((V, d))}
+    for i, core in enumerate(config.layers):
+        L = f"L{i}."
+        p[L + "norm1"] = np.ones(d)
+        for name in ("Wq", "Wk", "Wv"):
+            p[L + name] = proj(d, d)
+        for name in ("cq", "ck", "cv"):
+            c = rng.standard_normal((d, K)) * 0.1
+            c[:, -1] += 1.0
+            p[L + name] = c
+        if core in ("deltanet", "gated_deltanet"):
+            p[L + "w_beta"] = proj(d, 1)[:, 0]
+            p[L + "b_beta"] = np.zeros(1)
+        if core == "gated_deltanet":
+            p[L + "w_gate"] = proj(d, 1)[:, 0]
+            p[L + "b_gate"] = np.full(1, 3.0)
+        if core == "ssd":
+            p[L + "w_dt"] = proj(d, 1)[:, 0]
+            p[L + "b_dt"] = np.zeros(1)
+            p[L + "a_log"] = np.zeros(1)
+        p[L + "Wo"] = proj(d, d, out_scale)
+        p[L + "norm2"] = np.ones(d)
+        p[L + "W1"] = proj(d, F)
+        p[L + "W2"] = proj(F, d, out_scale)
+    p["norm_f"] = np.ones(d)
+    p["W_out"] = proj(d, V)
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"dtype: expected float32 or float64, got {dtype}")
+    return {name: a.astype(dtype) for name, a in p.items()}
+
+
+def _core_forward(core, p, L, u, q, k, v):
+    """The core of one layer: its outputs ``(B, T, d)`` and what its backward needs."""
+    d = q.shape[-1]
+    if core == "softmax":
+        o, _ = sa.softmax_attention(q, k, v, causal=True, scale=1 / math.sqrt(d))
+        return o, {}
+    if core == "ssd":
+        z = u @ p[L + "w_dt"] + p[L + "b_dt"][0]
+        delta = bl.softplus(z)
+        a = -np.exp(p[L + "a_log"][0])
+        o, _ = ssm.ssd_recurrent(v, delta, a, k, q)
+        return o, {"z": z, "delta": delta, "a": a}
+    qn, kn = bl.l2_normalize(q), bl.l2_normalize(k)
+    aux = {"qn": qn, "kn": kn}
+    if core == "linear":
+        o, _ = la.linear_attention_chunkwise(qn, kn, v, feature_map=la.identity_feature_map, normalize=False)
+        return o, aux
+    zb = u @ p[L + "w_beta"] + p[L + "b_beta"][0]
+    beta = bl.sigmoid(zb)
+    aux.update(zb=zb, beta=beta)
+    if core == "deltanet":
+        o, _ = dr.delta_rule_chunkwise(qn, kn, v, beta=beta, chunk_size=16)
+        return o, aux
+    zg = u @ p[L + "w_gate"] + p[L + "b_gate"][0]
+    log_gate = -bl.softplus(-zg)                               # log sigmoid(zg) <= 0
+    aux.update(zg=zg, log_gate=log_gate)
+    o, _ = dr.gated_delta_rule_chunkwise(qn, kn, v, beta=beta, log_gate=log_gate, chunk_size=16)
+    return o, aux
+
+
+def _core_backward(core, p, L, u, q, k, v, aux, d_o, grads):
+    """Gradients of one core with respect to ``q, k, v`` and ``u`` (through its gates); fills ``grads``."""
+    d = q.shape[-1]
+    du = np.zeros_like(u)
+    if core == "softmax":
+        dq, dk, dv = sa.softmax_attention_backward(q, k, v, d_o, causal=True, scale=1 / math.sqrt(d))
+        return dq, dk, dv, du
+    if core == "ssd":
+        dx, ddelta, da, dB, dC, _, _ = ssm.ssd_backward(v, aux["delta"], aux["a"], k, q, d_o,
+                                                        D=None, initial_state=None, d_final_state=None)
+        dz = bl.softplus_backward(aux["z"], ddelta)
+        grads[L + "w_dt"] = np.einsum("btd,bt->d", u, dz)
+        grads[L + "b_dt"] = np.array([dz.sum()])
+        grads[L + "a_log"] = np.array([float(np.sum(da)) * aux["a"]])   # a = -exp(a_log): da/da_log = a
+        du += dz[..., None] * p[L + "w_dt"]
+        return dC, dB, dx, du
+    qn, kn = aux["qn"], aux["kn"]
+    if core == "linear":
+        dqn, dkn, dv, _, _ = la.linear_attention_backward(qn, kn, v, d_o, log_gate=None, scale=1.0,
+                                                          initial_state=None, d_final_state=None)
+    else:
+        if core == "deltanet":
+            dqn, dkn, dv, dbeta, _ = dr.delta_rule_backward(qn, kn, v, d_o, beta=aux["beta"], scale=1.0,
+                                                            initial_state=None, d_final_state=None)
+        else:
+            dqn, dkn, dv, dbeta, dlog_gate, _ = dr.gated_delta_rule_backward(
+                qn, kn, v, d_o, beta=aux["beta"], log_gate=aux["log_gate"], scale=1.0,
+                initial_state=None, d_final_state=None)
+            dzg = bl.softplus_backward(-aux["zg"], dlog_gate)     # d/dz of -softplus(-z) is sigmoid(-z)
+            grads[L + "w_gate"] = np.einsum("btd,bt->d", u, dzg)
+            grads[L + "b_gate"] = np.array([dzg.sum()])
+            du += dzg[..., None] * p[L + "w_gate"]
+        dzb = bl.sigmoid_backward(aux["zb"], dbeta)
+        grads[L + "w_beta"] = np.einsum("btd,bt->d", u, dzb)
+        grads[L + "b_beta"] = np.array([dzb.sum()])
+        du += dzb[..., None] * p[L + "w_beta"]
+    return bl.l2_normalize_backward(q, dqn), bl.l2_normalize_backward(k, dkn), dv, du
+
+
+def model_forward(params, config: ModelConfig, tokens):
+    """Logits ``(B, T, V)`` of the model for ``tokens`` ``(B, T)`` (``eq-tr-model``), and the cache for the backward.
+
+    Each layer ``i``: ``u = rms_norm(x)``; ``q, k, v = conv(u W_q), conv(u W_k),
+    conv(u W_v)``; ``x <- x + core(q, k, v) W_o``; then
+    ``x <- x + mlp(rms_norm(x))``. After the layers, ``logits = rms_norm(x) W_out``.
+    """
+    x = bl.embedding(tokens, params["embed"])
+    cache = {"tokens": tokens, "layers": []}
+    for i, core in enumerate(config.layers):
+        L = f"L{i}."
+        c = {"x_in": x}
+        u = bl.rms_norm(x, params[L + "norm1"])
+        c["u"] = u
+        for name in "qkv":
+            pre = bl.linear(u, params[L + "W" + name])
+            c["pre_" + name] = pre
+            c[name], _ = bl.short_conv(pre, params[L + "c" + name])
+        o, c["aux"] = _core_forward(core, params, L, u, c["q"], c["k"], c["v"])
+        c["o"] = o
+        x = x + bl.linear(o, params[L + "Wo"])
+        c["x_mid"] = x
+        c["h"] = bl.rms_norm(x, params[L + "norm2"])
+        x = x + bl.mlp(c["h"], params[L + "W1"], params[L + "W2"])
+        cache["layers"].append(c)
+    cache["x_final"] = x
+    cache["h_final"] = bl.rms_norm(x, params["norm_f"])
+    return bl.linear(cache["h_final"], params["W_out"]), cache
+
+
+def model_backward(params, config: ModelConfig, cache, d_logits) -> dict:
+    """Gradients of a loss with respect to every parameter, given ``d_logits`` (``eq-tr-model``).
+
+    The layers of :func:`model_forward` in reverse order, each through the
+    blocks' and cores' backward passes; a residual connection passes its
+    gradient through unchanged and adds the branch's.
+    """
+    g = {}
+    dh, g["W_out"], _ = bl.linear_backward(cache["h_final"], params["W_out"], d_logits)
+    dx, g["norm_f"] = bl.rms_norm_backward(cache["x_final"], dh, params["norm_f"])
+    for i in reversed(range(len(config.layers))):
+        core, L, c = config.layers[i], f"L{i}.", cache["layers"][i]
+        dh, g[L + "W1"], g[L + "W2"] = bl.mlp_backward(c["h"], params[L + "W1"], params[L + "W2"], dx)
+        dxm, g[L + "norm2"] = bl.rms_norm_backward(c["x_mid"], dh, params[L + "norm2"])
+        dx = dx + dxm
+        do, g[L + "Wo"], _ = bl.linear_backward(c["o"], params[L + "Wo"], dx)
+        dq, dk, dv, du = _core_backward(core, params, L, c["u"], c["q"], c["k"], c["v"], c["aux"], do, g)
+        for name, dconv in zip("qkv", (dq, dk, dv)):
+            dpre, g[L + "c" + name], _, _ = bl.short_conv_backward(c["pre_" + name], params[L + "c" + name],
+                                                                   dconv)
+            dui, g[L + "W" + name], _ = bl.linear_backward(c["u"], params[L + "W" + name], dpre)
+            du = du + dui
+        dxi, g[L + "norm1"] = bl.rms_norm_backward(c["x_in"], du, params[L + "norm1"])
+        dx = dx + dxi
+    g["embed"] = bl.embedding_backward(cache["tokens"], params["embed"], dx)
+    return g
+
+
+@one_blas_thread
+def loss_and_grads(params, config: ModelConfig, tokens, targets):
+    """The cross-entropy of the model on a batch, and its gradient with respect to every parameter."""
+    logits, cache = model_forward(params, config, tokens)
+    loss = cross_entropy(logits, targets)
+    return loss, model_backward(params, config, cache, cross_entropy_backward(logits, targets))
+
+
+# ---------------------------------------------------------------------------- data, training, evaluation
+
+def mqar_data(n_sequences, *, vocab_size, n_pairs, seq_len, rng):
+    """A batch of MQAR sequences from :func:`fixedstate.recall.make_mqar`: ``(tokens, targets)``."""
+    batch = make_mqar(n_sequences, vocab_size, n_pairs, seq_len, rng=rng)
+    return batch.tokens, batch.targets
+
+
+@one_blas_thread
+def evaluate(params, config: ModelConfig, tokens, targets, *, batch_size=256) -> float:
+    """Accuracy at the query positions: the fraction whose most likely token is the target."""
+    right = total = 0
+    for s in range(0, len(tokens), batch_size):
+        logits, _ = model_forward(params, config, tokens[s:s + batch_size])
+        t = targets[s:s + batch_size]
+        mask = t >= 0
+        right += int(np.sum(np.argmax(logits[mask], axis=-1) == t[mask]))
+        total += int(mask.sum())
+    return right / total
+
+
+def _lr_at(step, steps, lr, warmup):
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``steps``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+
+@one_blas_thread
+def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64, batch_size=32,
+          n_test=256, clip=1.0, warmup=None, dtype=np.float32, callback=None):
+    """Train one model on MQAR and return a dict with its parameters, losses and test accuracy.
+
+    Training batches are fresh at every step, drawn from the stream
+    ``default_rng((seed, 1))``; the model's initial parameters from
+    ``default_rng((seed, 0))``; the test set (``n_test`` sequences) from
+    ``default_rng((12345, n_pairs))``, the same for every mixer, width and seed,
+    and disjoint from training in its random stream. Adam (``eq-tr-adam``) with
+    the global gradient norm clipped at ``clip``, the learning rate warmed up
+    linearly over ``warmup`` steps (default a tenth) and then decayed to 0 on a
+    cosine.
+
+    Returns
+    -------
+    dict with ``params``, ``config``, ``losses`` (one per step), ``test_accuracy``,
+    ``seconds`` (wall-clock time of the training loop) and ``seconds_per_step``
+    """
+    steps = check_positive_int(steps, "steps")
+    config = ModelConfig(mixer, vocab_size, d_model)
+    params = init_model(config, np.random.default_rng((seed, 0)), dtype=dtype)
+    data_rng = np.random.default_rng((seed, 1))
+    test_tokens, test_targets = mqar_data(n_test, vocab_size=vocab_size, n_pairs=n_pairs, seq_len=seq_len,
+                                          rng=np.random.default_rng((12345, n_pairs)))
+    state = adam_init(params)
+    warmup = max(1, steps // 10) if warmup is None else warmup
+    losses = np.empty(steps)
+    start = time.perf_counter()
+    for step in range(steps):
+        tokens, targets = mqar_data(batch_size, vocab_size=vocab_size, n_pairs=n_pairs, seq_len=seq_len,
+                                    rng=data_rng)
+        loss, grads = loss_and_grads(params, config, tokens, targets)
+        if not math.isfinite(loss):
+            losses[step:] = np.nan
+            break
+        adam_step(params, grads, state, lr=_lr_at(step, steps, lr, warmup), clip=clip)
+        losses[step] = loss
+        if callback is not None:
+            callback(step, loss)
+    seconds = time.perf_counter() - start
+    finite = all(np.isfinite(p).all() for p in params.values())
+    acc = evaluate(params, config, test_tokens, test_targets) if finite else float("nan")
+    return {"params": params, "config": config, "losses": losses, "test_accuracy": acc,
+            "seconds": seconds, "seconds_per_step": seconds / steps}
+
+
+# ---------------------------------------------------------------------------- the experiment
+
+# The sweep of chapter 9 (``make experiment``). Every mixer gets the same budget:
+# the learning rate is chosen from ``lr_grid`` on one tuning configuration
+# (``tune_d_model``, ``tune_n_pairs``, seed ``tune_seed``, which is not a sweep seed),
+# by test accuracy there (ties: lower final training loss), and then used for
+# every width, pair count and seed. Nothing else is tuned.
+SWEEP = {
+    "mixers": ("softmax", "linear", "deltanet", "gated_deltanet", "ssd", "hybrid"),
+    "d_models": (8, 16),
+    "n_pairs": (4, 8),
+    "seeds": (0, 1, 2),
+    "steps": 300,
+    "batch_size": 16,
+    "seq_len": 32,
+    "vocab_size": 32,
+    "n_test": 256,
+    "clip": 1.0,
+    "lr_grid": (3e-3, 1e-2, 3e-2),
+    "tune_d_model": 16,
+    "tune_n_pairs": 8,
+    "tune_seed": 100,
+}
+
+
+def run_config(mixer, d_model, n_pairs, seed, lr, settings=None) -> dict:
+    """Train one configuration of the sweep and return its record (no parameters).
+
+    ``settings`` is the sweep's dict (default ``SWEEP``): the steps, batch size,
+    sequence length, vocabulary, test-set size and clipping it names.
+    """
+    s = SWEEP if settings is None else settings
+    r = train(mixer, d_model=d_model, n_pairs=n_pairs, steps=s["steps"], lr=lr, seed=seed,
+              vocab_size=s["vocab_size"], seq_len=s["seq_len"], batch_size=s["batch_size"],
+              n_test=s["n_test"], clip=s["clip"])
+    losses = r["losses"]
+    tail = losses[-max(1, len(losses) // 10):]
+    diverged = not np.all(np.isfinite(losses))
+    return {"mixer": mixer, "d_model": int(d_model), "n_pairs": int(n_pairs), "seed": int(seed), "lr": float(lr),
+            "test_accuracy": None if diverged else round(float(r["test_accuracy"]), 6),
+            "final_loss": None if diverged else round(float(np.mean(tail)), 6),
+            "first_loss": round(float(losses[0]), 6), "diverged": diverged,
+            "seconds": round(r["seconds"], 3), "seconds_per_step": round(r["seconds_per_step"], 5)}
+
+
+def _run_task(task):
+    return run_config(*task)
+
+
+def _choose_lr(records) -> float:
+    """The tuning rule: highest test accuracy, then lowest final loss; diverged runs last."""
+    def key(r):
+        if r["diverged"]:
+            return (1, 0.0, 0.0)
+        return (0, -r["test_accuracy"], r["final_loss"])
+    return min(records, key=key)["lr"]
+
+
+def run_sweep(settings=None, *, jobs=1, progress=print) -> dict:
+    """Run the tuning stage and the sweep; return ``{"settings", "chosen_lr", "tuning", "runs", "seconds"}``.
+
+    ``jobs`` worker processes train configurations side by side (each with one
+    BLAS thread). ``progress(line)`` is called after every finished run with a
+    line that counts runs done, names the run and its accuracy, and estimates
+    the time left.
+    """
+    s = dict(SWEEP if settings is None else settings)
+    jobs = check_positive_int(jobs, "jobs")
+    tune_tasks = [(m, s["tune_d_model"], s["tune_n_pairs"], s["tune_seed"], lr, s)
+                  for m in s["mixers"] for lr in s["lr_grid"]]
+    n_main = len(s["mixers"]) * len(s["d_models"]) * len(s["n_pairs"]) * len(s["seeds"])
+    total = len(tune_tasks) + n_main
+    start = time.perf_counter()
+    done = [0]
+
+    def report(r):
+        done[0] += 1
+        elapsed = time.perf_counter() - start
+        eta = elapsed / done[0] * (total - done[0])
+        acc = "diverged" if r["diverged"] else f"acc {r['test_accuracy']:.3f}"
+        progress(f"[{done[0]:3d}/{total}] {r['mixer']:>14s} d={r['d_model']:<2d} pairs={r['n_pairs']:<2d} "
+                 f"seed={r['seed']:<3d} lr={r['lr']:.0e}: {acc} ({r['seconds']:.0f} s); "
+                 f"elapsed {elapsed / 60:.1f} min, about {eta / 60:.1f} min left")
+
+    def run_all(tasks):
+        out = []
+        if jobs == 1:
+            for t in tasks:
+                out.append(_run_task(t))
+                report(out[-1])
+            return out
+        import multiprocessing
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            for r in pool.imap_unordered(_run_task, tasks):
+                out.append(r)
+                report(r)
+        return out
+
+    tuning = run_all(tune_tasks)
+    chosen = {m: _choose_lr([r for r in tuning if r["mixer"] == m]) for m in s["mixers"]}
+    # the most expensive runs first, so that the workers finish together
+    main_tasks = [(m, d, n, seed, chosen[m], s) for d in sorted(s["d_models"], reverse=True)
+                  for m in s["mixers"] for n in s["n_pairs"] for seed in s["seeds"]]
+    runs = run_all(main_tasks)
+    order = {m: i for i, m in enumerate(s["mixers"])}
+    runs.sort(key=lambda r: (order[r["mixer"]], r["d_model"], r["n_pairs"], r["seed"]))
+    tuning.sort(key=lambda r: (order[r["mixer"]], r["lr"]))
+    settings_out = {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()}
+    return {"settings": settings_out, "chosen_lr": chosen, "tuning": tuning, "runs": runs,
+            "seconds": round(time.perf_counter() - start, 1)}
