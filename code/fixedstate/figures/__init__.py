@@ -68,7 +68,8 @@ changes must be registered with :func:`changing`. The layout
 axes do not move between updates or frames. Text is what matplotlib draws
 slowest: the changing texts are drawn with their layouts and glyph pictures
 kept from one update to the next, and :func:`text_fields` redraws only the
-numbers of a line of text.
+numbers of a line of text (each field from its place in pixels and its
+strings' glyph pictures, kept: no layout by matplotlib on an update).
 
 Live updates: continuous or on release
 --------------------------------------
