@@ -417,6 +417,30 @@ def test_layer_diagrams_draw_every_box_and_refuse_an_unknown_layer():
         draw_layer("transformer")
 
 
+def test_text_fields_are_drawn_as_matplotlib_draws_them(monkeypatch):
+    # the fields are drawn from their kept place and kept glyph pictures; the pixels are those of Text.draw,
+    # also after the axes move (the place is worked out again)
+    import fixedstate.figures as figs
+
+    def pictures():
+        fig, ax = new_figure(figsize=(3, 2))
+        ax.plot([0, 1], [0, 1])
+        fields = text_fields(ax, "error: linear {}, delta {}", ("0.00", "0.00"), fontsize=9)
+        out = []
+        for a, b in [("0.12", "1.00"), ("-0.5", "0.00"), ("0.12", "1.00"), ("gy", "")]:
+            fields[0].set_text(a)
+            fields[1].set_text(b)
+            out.append(render_png(fig))
+        ax.set_position([0.3, 0.2, 0.5, 0.5])
+        out.append(render_png(fig))
+        return out
+
+    fast = pictures()
+    monkeypatch.setattr(figs._TextCache, "draw_field", lambda self, renderer, text: text.draw(renderer))
+    usual = pictures()
+    assert fast == usual
+    assert len(set(fast)) == 4  # the pictures differ where the texts or the axes do
+
 # ----------------------------------------------------------------------------- the figures of chapters 1, 2, 4, 6
 
 import functools  # noqa: E402

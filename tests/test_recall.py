@@ -211,21 +211,42 @@ def test_batched_states_are_one_call_of_the_layer_with_a_batch_axis(mech):
     assert np.array_equal(twice[0], twice[1]) and rel(twice[2], states) < 1e-12
 
 
-@pytest.mark.parametrize("passes", [1, 3])
-def test_capacity_curve_agrees_with_the_experiment_pair_by_pair(passes):
+@FAST
+@given(mech=st.sampled_from(["linear", "delta", "gated_delta", "ssm"]), b=st.integers(1, 3),
+       n=st.integers(1, 12), d_k=st.integers(1, 5), d_v=st.integers(1, 4), data=st.data())
+def test_capacity_states_are_the_layers_states_bit_for_bit(mech, b, n, d_k, d_v, data):
+    # capacity_curve's unchecked scan does the layers' arithmetic in their order: the same numbers
+    marks = sorted(data.draw(st.lists(st.integers(1, n), min_size=1, max_size=4)))
+    beta = data.draw(st.floats(0.05, 1.0))
+    gate = data.draw(st.floats(0.05, 1.0))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
+    keys = np.stack([rc.make_keys(n, d_k, rng=rng) for _ in range(b)])
+    values = rng.standard_normal((b, n, d_v))
+    want = rc.batched_final_states(mech, keys, values, beta=beta, gate=gate, checkpoints=marks)
+    got = rc._states_at(mech, keys, values, beta, gate, marks)
+    assert len(got) == len(marks)
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("passes, overlap", [(1, 0.2), (3, 0.2), (1, 0.0), (3, 0.0)])
+def test_capacity_curve_agrees_with_the_experiment_pair_by_pair(passes, overlap):
     ns = [2, 5, 9, 12]
-    curve = rc.capacity_curve(6, ns, d_v=5, overlap=0.2, n_seeds=3, seed=11, temperature=0.02,
+    curve = rc.capacity_curve(6, ns, d_v=5, overlap=overlap, n_seeds=3, seed=11, temperature=0.02,
                               beta=0.9, gate=0.85, passes=passes)
     rng = np.random.default_rng(11)
-    keys = [rc.make_keys(12, 6, overlap=0.2, rng=rng) for _ in range(3)]
+    keys = [rc.make_keys(12, 6, overlap=overlap, rng=rng) for _ in range(3)]
     values = rng.standard_normal((3, 12, 5))
     values /= np.linalg.norm(values, axis=2, keepdims=True)
     for mech in rc.MECHANISMS:
+        errors = np.empty((3, len(ns)))
         for s in range(3):
             for p, n in enumerate(ns):
                 r = rc.recall_pairs(mech, keys[s][:n], values[s, :n], temperature=0.02, beta=0.9,
                                     gate=0.85, passes=passes)
                 assert curve.per_seed_accuracy[mech][s, p] == r.accuracy
+                errors[s, p] = r.mean_error
+        assert np.allclose(curve.error[mech], errors.mean(axis=0), rtol=1e-9, atol=1e-10)
         assert np.allclose(curve.accuracy[mech], curve.per_seed_accuracy[mech].mean(axis=0), rtol=0,
                            atol=1e-15)
 

@@ -21,9 +21,11 @@ it. The memory is one of the book's layers:
 The four fixed-state memories are ``(d_k, d_v)`` arrays read out as
 ``o = S^T q`` (``eq-rc-readout``). The writes go through the package's own layers
 (:mod:`fixedstate.softmax_attention`, :mod:`fixedstate.linear_attention`,
-:mod:`fixedstate.delta_rule`, :mod:`fixedstate.ssm`); :func:`capacity_curve` uses
-the same layers with a leading batch axis (all seeds at once, every prefix
-length from one pass), and the tests prove the two agree.
+:mod:`fixedstate.delta_rule`, :mod:`fixedstate.ssm`); :func:`capacity_curve`
+does the same arithmetic with a leading batch axis (all seeds at once, every
+prefix length from one pass), checking its arguments once rather than at every
+call of a layer, and the tests prove it gives the layers' numbers, bit for bit
+(:func:`batched_final_states` is the same computation through the layers).
 
 Contents:
 
@@ -50,15 +52,17 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
+from ._threads import blas_threads
 from ._validate import as_float_array, check_dim, check_interval, check_positive_int, check_same_length
 from .blocks import embedding
 from .delta_rule import delta_rule_recurrent, gated_delta_rule_recurrent
 from .linear_attention import identity_feature_map, linear_attention_recurrent
-from .softmax_attention import KVCache, softmax_attention, softmax_attention_step
-from .ssm import selective_scan_sequential, ssd_quadratic
+from .softmax_attention import KVCache, _row_softmax, softmax_attention, softmax_attention_step
+from .ssm import _segment_sums, selective_scan_sequential, ssd_quadratic
 
 __all__ = [
     "MECHANISMS",
@@ -193,15 +197,32 @@ def make_keys(n_pairs, d_k, *, overlap=0.0, orthogonal=False, rng=None) -> np.nd
         return root @ _orthonormal_rows(rng, n, d)
     if rho == 0.0:
         return _random_unit(rng, (n, d))
-    if d < 2 and rho < 1.0:
+    _check_overlap_room(rho, d)
+    c, u = _shared_and_perpendicular(rng, n, d)
+    return _mix_keys(c, u, rho)
+
+
+def _check_overlap_room(rho: float, d: int) -> None:
+    if 0.0 < rho < 1.0 and d < 2:
         raise ValueError(f"d_k: keys with overlap {rho} < 1 need d_k >= 2 (a shared direction and "
                          f"one perpendicular to it), got d_k = {d}")
+
+
+def _shared_and_perpendicular(rng, n: int, d: int):
+    """The random draws of :func:`make_keys` with an overlap: a unit ``c`` ``(d,)``, unit ``u_i`` ``(n, d)`` perpendicular to it.
+
+    They do not depend on the overlap, which only mixes them (:func:`_mix_keys`).
+    """
     c = _random_unit(rng, (d,))
     u = rng.standard_normal((n, d))
     u -= np.outer(u @ c, c)
     norms = np.linalg.norm(u, axis=1, keepdims=True)
-    u = u / np.where(norms > 0, norms, 1.0)
-    return np.sqrt(rho) * c[None, :] + np.sqrt(1.0 - rho) * u
+    return c, u / np.where(norms > 0, norms, 1.0)
+
+
+def _mix_keys(c, u, rho: float) -> np.ndarray:
+    """``k_i = sqrt(rho) c + sqrt(1 - rho) u_i`` (``eq-rc-overlap``); ``c`` ``(..., d)``, ``u`` ``(..., n, d)``."""
+    return np.sqrt(rho) * c[..., None, :] + np.sqrt(1.0 - rho) * u
 
 
 def make_values(n_pairs, d_v, *, orthogonal=False, rng=None) -> np.ndarray:
@@ -474,6 +495,12 @@ def capacity_curve(d_k, n_values, *, mechanisms=MECHANISMS, d_v=None, overlap=0.
     by repetition (the additive read is scaled by ``passes``, the softmax read is
     the same), so only the delta-rule family and the SSM are re-run.
 
+    The arguments are checked here, once; the states are then computed without
+    the layers' own checks (the numbers of :func:`batched_final_states`, bit for
+    bit) and with one BLAS thread. The random draws are kept for a few settings
+    (16): every overlap ``> 0`` mixes the same draws (:func:`make_keys`), so a
+    figure that recomputes the curves at many overlaps draws them once.
+
     Parameters
     ----------
     d_k : int >= 1
@@ -505,41 +532,136 @@ def capacity_curve(d_k, n_values, *, mechanisms=MECHANISMS, d_v=None, overlap=0.
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ValueError(f"seed: expected an integer, got {seed!r}")
     passes = check_positive_int(passes, "passes")
-    n_max = int(ns[-1])
-    rng = np.random.default_rng(int(seed))
-    keys = np.stack([make_keys(n_max, d_k, overlap=rho, rng=rng) for _ in range(n_seeds)])
+    if rho > 0.0:
+        _check_overlap_room(rho, d_k)
+    with blas_threads(1):  # small products, one after the other: threads cost more than they give
+        return _capacity_curve(d_k, ns.astype(int), mechanisms, d_v, rho, n_seeds, int(seed), temperature,
+                               beta, gate, passes)
+
+
+# Random draws of capacity_curve kept for a few settings: an interactive figure recomputes the curves at
+# many overlaps with the same seeds, and every overlap > 0 mixes the same draws (_mix_keys).
+_DRAWS_KEPT = 16
+
+
+@lru_cache(maxsize=_DRAWS_KEPT)
+def _capacity_draws(d_k: int, d_v: int, n_max: int, n_seeds: int, seed: int, overlapping: bool):
+    """The draws of :func:`capacity_curve` from ``default_rng(seed)``, read-only: ``(keys, values)``.
+
+    ``keys`` is the stack ``(n_seeds, n_max, d_k)`` of :func:`make_keys` without
+    overlap, or (``overlapping``) the pair ``(c (n_seeds, d_k), u (n_seeds,
+    n_max, d_k))`` that :func:`make_keys` mixes for any overlap ``> 0``; the
+    values are ``(n_seeds, n_max, d_v)``. The same draws, in the same order, as
+    ``make_keys`` called seed after seed and then ``_random_unit`` for the values.
+    """
+    rng = np.random.default_rng(seed)
+    if overlapping:
+        parts = [_shared_and_perpendicular(rng, n_max, d_k) for _ in range(n_seeds)]
+        keys = (np.stack([c for c, _ in parts]), np.stack([u for _, u in parts]))
+    else:
+        keys = (np.stack([_random_unit(rng, (n_max, d_k)) for _ in range(n_seeds)]),)
     values = _random_unit(rng, (n_seeds, n_max, d_v))
+    for arr in (*keys, values):
+        arr.flags.writeable = False
+    return keys, values
+
+
+def _capacity_curve(d_k, ns, mechanisms, d_v, rho, n_seeds, seed, temperature, beta, gate, passes):
+    """:func:`capacity_curve` on checked arguments (``ns`` an int array)."""
+    n_max = int(ns[-1])
+    draws, values = _capacity_draws(d_k, d_v, n_max, n_seeds, seed, rho > 0.0)
+    keys = _mix_keys(*draws, rho) if rho > 0.0 else draws[0]
     marks = [int(x) for x in ns]
     # contiguous prefixes: numpy's batched matmul is slow on strided views
     prefix = {n: (np.ascontiguousarray(keys[:, :n, :]), np.ascontiguousarray(values[:, :n, :]))
               for n in marks}
-    curve = CapacityCurve(d_k, d_v, ns.astype(int), ns / d_k)
+    curve = CapacityCurve(d_k, d_v, ns, ns / d_k)
+    arange = {n: np.arange(n) for n in marks}
     for mech in mechanisms:
         if mech == "softmax":
             states = None
         elif passes == 1 or mech == "linear":
-            states = batched_final_states(mech, keys, values, beta=beta, gate=gate, checkpoints=marks)
+            states = _states_at(mech, keys, values, beta, gate, marks)
         else:
-            states = [batched_final_states(mech, np.tile(prefix[n][0], (1, passes, 1)),
-                                           np.tile(prefix[n][1], (1, passes, 1)), beta=beta, gate=gate)
-                      for n in marks]
+            states = [_states_at(mech, np.tile(prefix[n][0], (1, passes, 1)), np.tile(prefix[n][1], (1, passes, 1)),
+                                 beta, gate, [passes * n])[0] for n in marks]
         acc = np.empty((n_seeds, len(marks)))
         err = np.empty((n_seeds, len(marks)))
         for p, n in enumerate(marks):
             k_n, vals = prefix[n]
             if mech == "softmax":
-                recalled, _ = softmax_attention(k_n, k_n, vals, causal=False, scale=1.0 / temperature)
+                # softmax_attention(k_n, k_n, vals, causal=False, scale=1 / temperature), unchecked; the layer
+                # multiplies by its cache's copy of the keys (k_n @ k_n^T itself would go to a symmetric
+                # product, rounded differently)
+                cached = np.array(k_n)
+                recalled = _row_softmax((1.0 / temperature) * (k_n @ cached.swapaxes(-1, -2))) @ vals
             elif mech == "linear":
                 recalled = passes * (k_n @ states[p])  # writing the pairs `passes` times adds S that often
             else:
                 recalled = k_n @ states[p]
             sims = recalled @ vals.transpose(0, 2, 1)  # unit values: nearest = largest dot
-            acc[:, p] = np.mean(np.argmax(sims, axis=2) == np.arange(n)[None, :], axis=1)
-            err[:, p] = np.mean(np.linalg.norm(recalled - vals, axis=2), axis=1)
+            # the means and norms of numpy (np.mean, np.linalg.norm), without their per-call overhead
+            acc[:, p] = np.add.reduce(np.argmax(sims, axis=2) == arange[n][None, :], axis=1, dtype=float) / n
+            diff = recalled - vals
+            err[:, p] = np.add.reduce(np.sqrt(np.add.reduce(diff * diff, axis=2)), axis=1) / n
         curve.accuracy[mech] = acc.mean(axis=0)
         curve.error[mech] = err.mean(axis=0)
         curve.per_seed_accuracy[mech] = acc
     return curve
+
+
+def _states_at(mechanism, k, v, beta, gate, marks):
+    """The states ``(B, d_k, d_v)`` of a fixed-state memory after each prefix length in ``marks``, unchecked.
+
+    ``k`` ``(B, N, d_k)`` and ``v`` ``(B, N, d_v)`` in float64, ``marks`` sorted
+    in ``[1, N]``; ``beta`` and ``gate`` numbers. What
+    :func:`batched_final_states` computes through the layers, with the layers'
+    arithmetic in the same order (the same numbers, bit for bit) but without
+    their checks and without the outputs, which the states do not need: the
+    recurrent scans of :func:`fixedstate.linear_attention.linear_attention_recurrent`
+    and :func:`fixedstate.delta_rule.delta_rule_recurrent` (and its gated form)
+    run once over the sequence, the state copied at each mark; the SSM memory is
+    the final-state formula of :func:`fixedstate.ssm.ssd_quadratic`, piece by
+    piece. The tests compare it with :func:`batched_final_states`.
+    """
+    B, _, d_k = k.shape
+    d_v = v.shape[-1]
+    states, done = [], 0
+    S = np.zeros((B, d_k, d_v))
+    if mechanism == "ssm":
+        log_g = np.log(gate)
+        for m in marks:
+            if m > done:
+                T = m - done
+                log_gate = np.full(T, log_g)  # a * delta with a = log(gate) and delta = 1, as ssd_quadratic forms it
+                last_row = np.where(np.tri(T, dtype=bool), np.exp(_segment_sums(log_gate)), 0.0)[-1]
+                decay = np.exp(np.cumsum(log_gate))[-1]
+                x = v[:, done:m] * 1.0  # delta_s x_s, a new contiguous array as in ssd_quadratic
+                S = decay * S + np.swapaxes(k[:, done:m], -1, -2) @ (last_row[:, None] * x)
+                done = m
+            states.append(S.copy())
+        return states
+    if mechanism in ("delta", "gated_delta"):
+        beta_keys = beta * k
+    one = B == 1  # the layers' scan of one sequence uses vector-matrix products
+    for m in marks:
+        if mechanism == "gated_delta" and m > done:
+            decays = np.exp(np.broadcast_to(np.full(m - done, np.log(gate)), (B, m - done)))[..., None, None]
+        for t in range(done, m):
+            if mechanism == "linear":
+                S += k[:, t, :, None] * v[:, t, None, :]
+                continue
+            if mechanism == "gated_delta":
+                S *= decays[:, t - done]
+            if one:
+                error = v[0, t] - k[0, t] @ S[0]
+                S[0] += np.multiply.outer(beta_keys[0, t], error)
+            else:
+                error = v[:, t] - np.matmul(k[:, t, None, :], S)[:, 0]
+                S += beta_keys[:, t, :, None] * error[:, None, :]
+        done = max(done, m)
+        states.append(S.copy())
+    return states
 
 
 def vocabulary_recall(mechanism, d_k, d_v, n_values, *, n_candidates=128, n_seeds=8, seed=0,

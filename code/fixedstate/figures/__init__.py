@@ -68,7 +68,8 @@ changes must be registered with :func:`changing`. The layout
 axes do not move between updates or frames. Text is what matplotlib draws
 slowest: the changing texts are drawn with their layouts and glyph pictures
 kept from one update to the next, and :func:`text_fields` redraws only the
-numbers of a line of text.
+numbers of a line of text (each field from its place in pixels and its
+strings' glyph pictures, kept: no layout by matplotlib on an update).
 
 Live updates: continuous or on release
 --------------------------------------
@@ -109,6 +110,7 @@ _ENV = "FIXEDSTATE_FIGURES"
 _CHANGING = "_fixedstate_changing"
 _PARTS = "_fixedstate_parts"
 _RENDERER = "_fixedstate_renderer"
+_FIELD = "_fixedstate_field"
 
 
 def book_style() -> None:
@@ -316,6 +318,7 @@ def text_fields(ax, template: str, widest: Sequence[str], *, xy=(0.5, 1.0), xyco
                              textcoords="offset points", ha="left", va="baseline", **text_kw)
         if is_field:
             fields.append(artist)
+            setattr(artist, _FIELD, {})  # drawn by _TextCache.draw_field: its place in pixels is kept
     changing(fig, *fields)
     return fields
 
@@ -374,6 +377,67 @@ class _TextCache:
         renderer.draw_text = draw_text
         return True
 
+    def draw_field(self, renderer, text) -> None:
+        """Draw a field of :func:`text_fields` (a one-line, left-aligned Annotation) from the kept glyphs.
+
+        Where the field's text starts, in pixels, is worked out by matplotlib
+        (positions, layout) the first time and again whenever what places it
+        changes (the axes' box, the field's anchor and offset, the canvas, the
+        font); in between, a draw is the kept layout of the string and its kept
+        glyph pictures at that point, the same pixels ``Text.draw`` would give
+        through this cache, without its per-draw layout and transforms. Text that
+        this cannot draw so (several lines, mathtext, rotated, a box, path
+        effects, TeX) is drawn as usual.
+        """
+        import matplotlib.colors as mcolors
+
+        s = text.get_text()
+        if not text.get_visible() or not s:
+            return
+        if ("\n" in s or "$" in s or text.get_rotation() % 360 or text.get_bbox_patch() is not None
+                or text.get_path_effects() or text.get_usetex() or not self.enabled):
+            text.draw(renderer)
+            return
+        place = getattr(text, _FIELD)
+        ax = text.axes
+        key = (renderer.width, renderer.height, renderer.dpi, None if ax is None else tuple(ax.bbox.bounds),
+               tuple(text.xy), tuple(text.xyann), text.xycoords, text.anncoords, text.get_ha(), text.get_va(),
+               text.get_fontproperties())
+        if place.get("key") != key:
+            text.update_positions(renderer)
+            if not text._check_xy(renderer):
+                text.draw(renderer)
+                return
+            _, info, _ = text._get_layout(renderer)
+            posx, posy = text.get_transform().transform(text.get_unitless_position())
+            (dx, dy) = info[0][2]
+            y = dy + posy
+            place.clear()
+            place.update(key=key, x=dx + posx, y=renderer.get_canvas_width_height()[1] - y if renderer.flipy() else y,
+                         strings={})
+        gc = renderer.new_gc()
+        gc.set_foreground(mcolors.to_rgba(text.get_color()), isRGBA=True)
+        gc.set_alpha(text.get_alpha())
+        gc.set_antialiased(text._antialiased)
+        gc.set_snap(text.get_snap())
+        text._set_gc_clip(gc)
+        try:
+            strings = place["strings"]  # each string's glyph pictures and where they go, kept with the place
+            pictures = strings.get((s, gc.get_antialiased()))
+            if pictures is None:
+                if len(strings) > 4096:
+                    strings.clear()
+                pictures = strings[s, gc.get_antialiased()] = self.pictures(
+                    renderer, gc.get_antialiased(), place["x"], place["y"],
+                    self.layout(renderer, s, text.get_fontproperties(), text))
+            self.paste(renderer, gc, pictures)
+        except Exception:  # a matplotlib whose private routines differ: draw as it does
+            self.enabled = False
+            text.draw(renderer)
+        finally:
+            gc.restore()
+        text.stale = False
+
     @staticmethod
     def uninstall(renderer) -> None:
         renderer.__dict__.pop("_draw_text_glyphs_and_boxes", None)
@@ -400,14 +464,23 @@ class _TextCache:
         return glyphs
 
     def draw_glyphs(self, renderer, gc, x, y, glyphs) -> None:
+        self.paste(renderer, gc, self.pictures(renderer, gc.get_antialiased(), x, y, glyphs))
+
+    @staticmethod
+    def paste(renderer, gc, pictures) -> None:
+        for buffer, left, bottom in pictures:
+            renderer._renderer.draw_text_image(buffer, left, bottom, 0, gc)
+
+    def pictures(self, renderer, antialiased, x, y, glyphs) -> list:
+        """The glyph pictures of laid-out ``glyphs`` at ``(x, y)``, each with where it goes: ``(buffer, left, bottom)``."""
         from matplotlib.backends.backend_agg import get_hinting_flag
         from matplotlib.ft2font import RenderMode
 
         flags = get_hinting_flag()
-        antialiased = gc.get_antialiased()
         height = renderer.height
         if len(self.glyphs) > self.max_entries:
             self.glyphs.clear()
+        pictures = []
         for font, size, index, slant, extend, dx, dy in glyphs:
             # the pen position in 1/64 pixel (as matplotlib passes it to FreeType), to a quarter pixel
             px = round(round(0x40 * (x + dx)) / 16) * 16
@@ -425,8 +498,8 @@ class _TextCache:
                     buffer *= 0xff
                 kept = self.glyphs[key] = (buffer, bitmap.left, bitmap.top)
             buffer, left, top = kept
-            renderer._renderer.draw_text_image(buffer, left + px // 64,
-                                               int(height) - (top + py // 64) + buffer.shape[0], 0, gc)
+            pictures.append((buffer, left + px // 64, int(height) - (top + py // 64) + buffer.shape[0]))
+        return pictures
 
 
 _TEXT = _TextCache()
@@ -489,7 +562,10 @@ class _Renderer:
         try:
             for artist in moving:
                 if artist.get_visible() and artist.figure is fig:
-                    fig.draw_artist(artist)
+                    if cached and hasattr(artist, _FIELD):
+                        _TEXT.draw_field(renderer, artist)
+                    else:
+                        fig.draw_artist(artist)
         finally:
             if cached:
                 _TEXT.uninstall(renderer)

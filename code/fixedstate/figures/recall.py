@@ -136,9 +136,9 @@ def draw_capacity(d_k=16, overlap=0.0, *, seed=0, n_seeds=8, gate=0.9, fig=None)
     function built, it updates that figure in place and returns it. **Live
     sliders: on release**: every move recomputes all five capacity curves
     (:func:`fixedstate.recall.capacity_curve`, 8 seeds by a dozen ``N`` up to
-    ``4 d_k``: tens of milliseconds, growing with ``d_k``), too much to redo at
-    every step of a drag; settings already seen are kept (256 at most). ``make
-    bench-figures`` measures an update.
+    ``4 d_k``: several milliseconds at ``d_k = 8``, a few tens at ``d_k = 32``),
+    which a drag would ask for at every step of ``d_k``; settings already seen
+    are kept (256 at most). ``make bench-figures`` measures an update.
     """
     curve = _capacity_curve(int(d_k), float(overlap), seed, n_seeds, gate)
     if fig is None:
