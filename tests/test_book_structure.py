@@ -323,9 +323,10 @@ def test_every_notebook_opens_with_the_line_that_checks_for_the_package(nb):
     guard = _guard()
     version = guard.package_version()
     first = next(c for c in cells(nb) if c["cell_type"] == "code")
-    assert source(first).split("\n", 1)[0] == guard.guard_line(version), (
-        f"{nb.relative_to(ROOT)}: the first code cell must open with the line that stops with the install "
-        f"command when fixedstate {version} is missing: run `.venv/bin/python tools/notebook_guard.py`")
+    assert source(first) == guard.guard_line(version) and guard.GUARD_TAG in first["metadata"].get("tags", []), (
+        f"{nb.relative_to(ROOT)}: the first code cell must be the line that stops with the install command "
+        f"when fixedstate {version} is missing, alone and tagged {guard.GUARD_TAG}: "
+        "run `.venv/bin/python tools/notebook_guard.py`")
     text = "\n".join(source(c) for c in cells(nb) if c["cell_type"] == "code")
     assert not re.search(r"^\s*(from|import)\s+myst_nb\b", text, re.M), (
         f"{nb.relative_to(ROOT)} imports myst_nb, which a reader's environment lacks: "
@@ -346,13 +347,25 @@ def test_the_package_version_is_one_and_the_line_names_the_wheel_the_site_serves
 def test_the_guard_script_is_idempotent_and_updates_an_old_line(tmp_path):
     guard = _guard()
     nb = tmp_path / "x.ipynb"
-    data = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# T"]},
-                      {"cell_type": "code", "metadata": {}, "execution_count": 1, "outputs": [],
-                       "source": ["import numpy as np\n", "x = 1"]}],
+    data = {"cells": [{"cell_type": "markdown", "id": "m", "metadata": {}, "source": ["# T"]},
+                      {"cell_type": "code", "id": "a", "metadata": {}, "execution_count": 1, "outputs": [],
+                       "source": ["import numpy as np\n", "x = 1"]},
+                      {"cell_type": "code", "id": "b", "metadata": {}, "execution_count": 2,
+                       "outputs": [{"output_type": "execute_result", "execution_count": 2, "metadata": {},
+                                    "data": {"text/plain": ["1"]}}], "source": ["x"]}],
             "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     nb.write_text(json.dumps(data, indent=1) + "\n")
     assert guard.apply(nb, "0.1.0") and not guard.apply(nb, "0.1.0")
     assert guard.apply(nb, "0.3.0") and not guard.apply(nb, "0.3.0")
-    code = json.loads(nb.read_text())["cells"][1]["source"]
-    assert code == [guard.guard_line("0.3.0") + "\n", "import numpy as np\n", "x = 1"]
+    out = json.loads(nb.read_text())["cells"]
+    assert [c.get("id") for c in out] == ["m", guard.GUARD_ID, "a", "b"]
+    assert out[1]["source"] == [guard.guard_line("0.3.0")] and out[1]["metadata"]["tags"] == [guard.GUARD_TAG]
+    assert out[1]["outputs"] == [] and out[2]["source"] == ["import numpy as np\n", "x = 1"]
+    # numbered as a run from the top numbers them: the check first
+    assert [c["execution_count"] for c in out[1:]] == [1, 2, 3] and out[3]["outputs"][0]["execution_count"] == 3
     assert guard.has_guard(nb, "0.3.0") and not guard.has_guard(nb, "0.1.0")
+    # the older form, the line opening the import cell, becomes a cell of its own
+    data["cells"][1]["source"] = [guard.guard_line("0.1.0") + "\n", "import numpy as np\n", "x = 1"]
+    nb.write_text(json.dumps(data, indent=1) + "\n")
+    assert guard.apply(nb, "0.3.0") and not guard.apply(nb, "0.3.0")
+    assert json.loads(nb.read_text())["cells"] == out

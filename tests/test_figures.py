@@ -553,7 +553,10 @@ def test_live_memory_redraws_at_values_between_the_grid_points():
         assert np.allclose(bar_heights(parts["total"]), kv + states, rtol=1e-15)
     assert fig.axes[0].get_title() == "no attention layer"
     box.controls["every"].value = 3
-    assert fig.axes[0].get_title() == "attention in every 3. layer (10 of 32)"
+    assert fig.axes[0].get_title() == "attention in every 3rd layer (10 of 32)"
+    assert [fhy._every_nth(n) for n in (1, 2, 4, 11, 12, 13, 21, 22, 23, 64)] == [
+        "every layer", "every 2nd layer", "every 4th layer", "every 11th layer", "every 12th layer",
+        "every 13th layer", "every 21st layer", "every 22nd layer", "every 23rd layer", "every 64th layer"]
 
 
 def test_the_chapter_figures_declare_when_their_live_sliders_redraw_and_keep_their_frames():

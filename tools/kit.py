@@ -162,8 +162,8 @@ an exercise notebook, fill in the `...` of a starter and run the check cell belo
 it: it says `PASSED`, or `NOT YET` with what failed, on which case, and what was
 expected.
 
-(On Windows, write `.venv\\Scripts\\python` and `.venv\\Scripts\\jupyter` for
-`.venv/bin/python` and `.venv/bin/jupyter`.)
+(On Windows, write `py -3.11` for `python3.11`, and `.venv\\Scripts\\python` and
+`.venv\\Scripts\\jupyter` for `.venv/bin/python` and `.venv/bin/jupyter`.)
 """
 
 

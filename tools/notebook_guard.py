@@ -1,12 +1,13 @@
-"""Write, or check, the one line that opens the first code cell of every notebook.
+"""Write, or check, the one-line cell that opens the code of every notebook.
 
 Usage: python tools/notebook_guard.py [--check] [NOTEBOOK ...]
 
 Without NOTEBOOK: every notebook in chapters/, exercises/, solutions/ and appendix/.
 
 A notebook downloaded from the HTML book runs on the reader's own machine, where
-the book's package may be missing or older than the notebook. The line stops the
-notebook at its first cell with a short message, never a traceback:
+the book's package may be missing or older than the notebook. The first code cell
+of every notebook holds one line, the same in every notebook, that stops the
+notebook there with a short message, never a traceback:
 
 - fixedstate missing: IPython's ``UsageError`` prints only its message, which names
   the one command that installs the wheel the book's site serves
@@ -14,13 +15,17 @@ notebook at its first cell with a short message, never a traceback:
 - fixedstate older than the version this line names: ``fixedstate.require`` stops
   with the installed and the needed version and the command that updates it.
 
+The cell is tagged ``remove-cell``: the HTML book leaves it out (its readers get the
+same instructions from the box under each title), the downloaded notebook keeps it.
 The line needs nothing but the standard library and IPython (present in every
 Jupyter kernel) until it has found the package. It names the package's version
-from pyproject.toml. Running this script again changes nothing (a line already in
-place is rewritten only when the version changed), so run it on any new notebook
-and after every version bump; ``tests/test_book_structure.py`` fails on a notebook
-without the current line. Only the first code cell is touched, and nothing
-executes: the line has no output, so the stored outputs stay valid.
+from pyproject.toml. Running this script again changes nothing (a cell already in
+place is rewritten only when the version changed; an older notebook whose import
+cell opens with the line gets the line moved into a cell of its own, and the
+execution counts after it moved up by one, as a run from the top would number
+them), so run it on any new notebook and after every version bump;
+``tests/test_book_structure.py`` fails on a notebook without the current cell.
+Nothing executes: the line has no output, so the stored outputs stay valid.
 """
 
 from __future__ import annotations
@@ -68,27 +73,73 @@ def first_code_cell(nb: dict):
     return next((c for c in nb["cells"] if c["cell_type"] == "code"), None)
 
 
+GUARD_TAG = "remove-cell"
+#: The cell's id, the same in every notebook (nbformat 4.5 cells carry one).
+GUARD_ID = "fixedstate-package-check"
+
+
+def guard_cell(version: str) -> dict:
+    return {"cell_type": "code", "execution_count": None, "id": GUARD_ID, "metadata": {"tags": [GUARD_TAG]},
+            "outputs": [], "source": [guard_line(version)]}
+
+
+def is_guard_cell(cell) -> bool:
+    """Whether ``cell`` is a guard cell of any version (the line alone, blank lines aside)."""
+    return cell["cell_type"] == "code" and bool(GUARD_RE.match(_source(cell).strip()))
+
+
 def has_guard(path: Path, version: str) -> bool:
     cell = first_code_cell(json.loads(path.read_text(encoding="utf-8")))
-    return cell is not None and _source(cell).split("\n", 1)[0] == guard_line(version)
+    return (cell is not None and _source(cell) == guard_line(version)
+            and GUARD_TAG in cell.get("metadata", {}).get("tags", []))
 
 
-def with_guard(source: str, version: str) -> str:
-    first, sep, rest = source.partition("\n")
-    if GUARD_RE.match(first):
-        return guard_line(version) + sep + rest
-    return guard_line(version) + "\n" + source
+def _shift_counts(cells) -> None:
+    for c in cells:
+        if c["cell_type"] == "code" and c.get("execution_count") is not None:
+            c["execution_count"] += 1
+            for out in c.get("outputs", []):
+                if out.get("execution_count") is not None:
+                    out["execution_count"] += 1
+
+
+def with_guard(nb: dict, version: str) -> dict:
+    """``nb`` with the current guard cell as its first code cell (changed in place and returned)."""
+    cells = nb["cells"]
+    i = next((j for j, c in enumerate(cells) if c["cell_type"] == "code"), None)
+    if i is None:
+        raise ValueError("expected a notebook with a code cell, found none")
+    cell = cells[i]
+    if is_guard_cell(cell):
+        fresh = guard_cell(version)
+        cell["source"] = fresh["source"]
+        cell.setdefault("metadata", {})
+        tags = cell["metadata"].setdefault("tags", [])
+        if GUARD_TAG not in tags:
+            tags.append(GUARD_TAG)
+        return nb
+    first, _, rest = _source(cell).partition("\n")
+    if GUARD_RE.match(first):  # the older form: the line opened the import cell
+        cell["source"] = rest.splitlines(keepends=True)
+    executed = cell.get("execution_count") is not None
+    if executed:
+        _shift_counts(cells[i:])
+    fresh = guard_cell(version)
+    if executed:
+        fresh["execution_count"] = 1
+    if "id" not in cell:
+        del fresh["id"]
+    cells.insert(i, fresh)
+    return nb
 
 
 def apply(path: Path, version: str) -> bool:
-    """Put the current line in place; return whether the file changed."""
+    """Put the current cell in place; return whether the file changed."""
     raw = path.read_text(encoding="utf-8")
-    nb = json.loads(raw)
-    cell = first_code_cell(nb)
-    if cell is None:
-        raise ValueError(f"{path}: expected a notebook with a code cell, found none")
-    new = with_guard(_source(cell), version)
-    cell["source"] = new.splitlines(keepends=True)
+    try:
+        nb = with_guard(json.loads(raw), version)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
     out = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
     if out == raw:
         return False
@@ -106,7 +157,7 @@ def main(argv=None) -> int:
     if args.check:
         missing = [str(path) for path in paths if not has_guard(path, version)]
         for m in missing:
-            print(f"{m}: the first code cell does not open with the line of fixedstate {version}")
+            print(f"{m}: the first code cell is not the check of fixedstate {version} (tagged {GUARD_TAG})")
         return 1 if missing else 0
     changed = [path for path in paths if apply(path, version)]
     print(f"{len(changed)} of {len(paths)} notebooks changed (fixedstate {version})")

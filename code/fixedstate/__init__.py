@@ -58,8 +58,8 @@ def _version_tuple(text: str, argument: str) -> tuple[int, ...]:
 def require(version: str) -> bool:
     """``True`` if this fixedstate is at least ``version``; otherwise stop with how to update it.
 
-    The first line of every notebook of the book calls it (``tools/notebook_guard.py``
-    writes that line), after checking that the package is installed at all, so a
+    The first code cell of every notebook of the book calls it (``tools/notebook_guard.py``
+    writes that one-line cell), after checking that the package is installed at all, so a
     notebook downloaded from a newer edition of the book says which version it
     needs instead of failing later on a missing function.
     """

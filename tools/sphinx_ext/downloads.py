@@ -85,6 +85,7 @@ def box(docname: str, which: str, preface: bool) -> nodes.admonition:
     block["language"] = "bash"
     adm += block
     adm += _text("Then ", _code(f"{env}/bin/jupyter lab"), " opens JupyterLab (on Windows, ",
+                 _code("py -3.11"), " in place of ", _code("python3.11"), " and ",
                  _code(f"{env}\\Scripts\\"), " in place of ", _code(f"{env}/bin/"), "). The wheel pins "
                  "numpy, scipy, matplotlib and ipywidgets at the versions the book was run with.")
     contents = ("All the chapter and exercise notebooks" if which == "student"

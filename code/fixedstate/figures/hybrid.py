@@ -66,8 +66,16 @@ def draw_memory(every=4, *, config=None, fig=None):
     set_bar_heights(parts["kv"], kv)
     n = config.n_layers
     fig.axes[0].set_title("no attention layer" if not layout
-                          else f"attention in every {every}. layer ({len(layout)} of {n})")
+                          else f"attention in {_every_nth(every)} ({len(layout)} of {n})")
     return fig
+
+
+def _every_nth(n: int) -> str:
+    """``every layer``, ``every 2nd layer``, ``every 3rd layer``, ``every 4th layer``, ..."""
+    if n == 1:
+        return "every layer"
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"every {n}{suffix} layer"
 
 
 def _memory_figure():
