@@ -28,7 +28,7 @@ help:
 	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
 	@echo "make student-kit   one zip for students: chapter and exercise notebooks, the package wheel, pinned requirements"
 	@echo "make grade         grade a folder of exercise notebooks: make grade SUBMISSIONS=<folder>"
-	@echo "make experiment    train the tiny models of chapter 9 on MQAR (about 40 min); writes results/mqar_sweep.json"
+	@echo "make experiment    train the tiny models of chapter 9 on MQAR (about 10 min on a 2-core machine); writes results/mqar_sweep.json"
 
 venv: $(STAMP)
 
