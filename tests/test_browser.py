@@ -168,3 +168,37 @@ def test_every_slider_changes_its_figure_without_a_kernel(browser, path):
         assert not log.errors, f"console errors while moving sliders: {log.errors[:5]}"
     finally:
         context.close()
+
+
+WIDE_EQUATIONS = """() => {
+    const column = document.querySelector('article') || document.body;
+    const width = column.getBoundingClientRect().width;
+    return Array.from(document.querySelectorAll('mjx-container[display="true"]')).map(m => {
+        const math = m.firstElementChild;
+        const w = math ? math.getBoundingClientRect().width : m.scrollWidth;
+        const box = m.closest('.math[id], [id]');
+        return [box ? box.id : m.textContent.slice(0, 40), Math.round(w), Math.round(width)];
+    }).filter(([label, w, column]) => w > column + 2);
+}"""
+
+
+def text_pages():
+    """The chapters, the appendix (with the worked solutions) and the exercises."""
+    return [p for p in pages() if p.relative_to(SITE).parts[0] in {"chapters", "appendix", "exercises", "solutions"}]
+
+
+@pytest.mark.parametrize("path", text_pages(), ids=lambda p: p.relative_to(SITE).as_posix())
+def test_display_equations_fit_the_column(browser, path):
+    """At a 1200 px wide window no display equation is wider than the article column.
+
+    The theme hides what overflows a display equation's box, so a wider formula
+    would be cut off (or need sideways scrolling on a desktop screen): such an
+    equation is to be broken into lines (``aligned``) in the notebook's markdown.
+    """
+    context, page, log = open_page(browser, path)
+    try:
+        wide = page.evaluate(WIDE_EQUATIONS)
+        assert not wide, ("display equations wider than the column (label, width px, column px): "
+                          f"{wide}")
+    finally:
+        context.close()
