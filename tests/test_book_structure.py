@@ -369,3 +369,15 @@ def test_the_guard_script_is_idempotent_and_updates_an_old_line(tmp_path):
     nb.write_text(json.dumps(data, indent=1) + "\n")
     assert guard.apply(nb, "0.3.0") and not guard.apply(nb, "0.3.0")
     assert json.loads(nb.read_text())["cells"] == out
+
+
+def test_no_math_line_opens_with_a_bracket_that_latex_would_read_as_an_option():
+    # After `\\` or `\begin{aligned}`, TeX reads a `[...]` as an optional argument (a line
+    # skip, the environment's position) and drops it from the equation: write `{[...]}`.
+    bad = []
+    pattern = re.compile(r"(\\begin\{(?:aligned|gathered|split|array)\}|\\\\)\s*\[")
+    for path in notebooks():
+        for cell in cells(path):
+            if cell["cell_type"] == "markdown" and pattern.search(source(cell)):
+                bad.append(f"{path.relative_to(ROOT)} cell {cell.get('id')}")
+    assert not bad, "a math line opens with '[' that TeX takes as an optional argument: " + ", ".join(bad)
