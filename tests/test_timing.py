@@ -3,6 +3,10 @@
 import numpy as np
 import pytest
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fixedstate import delta_rule as dr
 from fixedstate import hybrid as hy
 from fixedstate import timing
 
@@ -75,9 +79,55 @@ def test_gemm_rate_and_chunkwise_table():
     for r in table["rows"]:
         assert r["limit"] == pytest.approx(r["flops"] / 1e9)
         assert r["chunkwise_vs_limit"] == pytest.approx(r["chunkwise"] / r["limit"])
+        assert r["products"] > 0 and r["products_vs_limit"] == pytest.approx(r["products"] / r["limit"])
+        assert r["chunkwise_vs_products"] == pytest.approx(r["chunkwise"] / r["products"])
         assert r["max_rel_diff"] < 1e-10
     text = timing.format_chunkwise_table(table)
-    assert len(text.splitlines()) == 5 and "GEMM limit ms" in text and "default" in text
+    assert len(text.splitlines()) == 5 and "GEMM limit ms" in text and "default" in text and "prod/limit" in text
+
+
+@settings(max_examples=25, deadline=None)
+@given(layer=st.sampled_from(["delta", "gated", "kda"]), T=st.integers(1, 70), d_k=st.integers(1, 9),
+       d_v=st.integers(1, 9), chunk=st.sampled_from([1, 3, 8, 16]), lead=st.sampled_from([(), (2,), (2, 3)]),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_products_replay_makes_exactly_the_counted_products(layer, T, d_k, d_v, chunk, lead, dtype):
+    # the replay holds every product the form makes: its FLOPs are the cost model's, shapes, leading axes and all
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal(lead + (T, d_k)).astype(dtype) for _ in range(2))
+    v = rng.standard_normal(lead + (T, d_v)).astype(dtype)
+    params = {"beta": rng.uniform(0.1, 0.9, lead + (T,)).astype(dtype)}
+    if layer == "gated":
+        params["log_gate"] = -rng.uniform(0, 0.1, lead + (T,)).astype(dtype)
+    elif layer == "kda":
+        params["log_gate"] = -rng.uniform(0, 0.1, lead + (T, d_k)).astype(dtype)
+    out, state = timing.LAYERS[layer][1](q, k, v, chunk_size=chunk, **params)
+    replay, flops = timing.products_replay(layer, q, k, v, chunk_size=chunk, **params)
+    batch = int(np.prod(lead, dtype=np.int64))
+    assert flops == timing.delta_rule_chunkwise_flops(T, d_k, d_v, chunk_size=chunk, layer=layer, batch=batch)
+    assert replay() is None and replay() is None                     # runs, and runs again
+    assert dr._matmul is np.matmul                                    # the form's own products are back in place
+    again, _ = timing.LAYERS[layer][1](q, k, v, chunk_size=chunk, **params)
+    np.testing.assert_array_equal(again, out)
+
+
+def test_products_replay_keeps_shared_arrays_and_transposed_views_as_in_the_form():
+    # the state is one array in every step of the loop over chunks, and K K^T stays a product of an array with
+    # its own transpose (numpy makes that half a product)
+    q, k, v, params = timing.random_layer_inputs(64, 8, 8, layer="gated")
+    replay, _ = timing.products_replay("gated", q, k, v, chunk_size=8, **params)
+    steps = replay.steps
+    adds = [s for s in steps if s[0] == "add"]
+    assert len(adds) == 64 // 8 and len({id(s[3]) for s in adds}) == 1          # one state, updated in place
+    assert any(np.shares_memory(s[1], s[2]) and s[2].base is not None for s in steps if s[0] == "matmul")
+
+
+def test_products_replay_refuses_an_unknown_layer_and_restores_the_products_on_an_error():
+    q, k, v, params = timing.random_layer_inputs(16, 4, 4, layer="gated")
+    with pytest.raises(ValueError, match="layer"):
+        timing.products_replay("mamba", q, k, v, **params)
+    with pytest.raises(ValueError, match="beta"):
+        timing.products_replay("gated", q, k, v, beta=params["beta"] + 5, log_gate=params["log_gate"])
+    assert dr._matmul is np.matmul
 
 
 def test_chunkwise_table_rows_run_under_the_callers_threads_and_under_one_thread():

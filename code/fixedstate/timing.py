@@ -8,6 +8,9 @@
 - :func:`gemm_rate` and :func:`chunkwise_table`: the rate of large matrix
   products on this machine, and the forms of every delta-rule layer against the
   time their matrix products would take at that rate (the GEMM limit);
+- :func:`products_replay`: the matrix products a chunkwise form makes, replayed
+  on their own, so that a form's distance from its limit splits into what its
+  products cost at their sizes and what everything else costs;
 - :func:`time_lab_update`: what one move of a slider of the recall lab costs
   (chapter {ref}`chap-recall`);
 - :func:`measure_decode_seconds`: one decode step of the hybrid toy stack at a
@@ -36,8 +39,8 @@ from .costs import delta_rule_chunkwise_flops
 from .hybrid import stack_decode_step, synthetic_cache
 from .recall import lab_update
 
-__all__ = ["best_time", "random_layer_inputs", "time_forms", "gemm_rate", "chunkwise_table", "format_chunkwise_table", "time_lab_update",
-           "measure_decode_seconds"]
+__all__ = ["best_time", "random_layer_inputs", "time_forms", "gemm_rate", "products_replay", "chunkwise_table",
+           "format_chunkwise_table", "time_lab_update", "measure_decode_seconds"]
 
 LAYERS = {
     "delta": (dr.delta_rule_recurrent, dr.delta_rule_chunkwise),
@@ -154,6 +157,79 @@ def gemm_rate(dtype=np.float64, *, n=1024, repeats=5, threads=1) -> float:
     return 2.0 * n ** 3 / best_time(np.matmul, a, b, repeats=repeats, blas_threads=threads)
 
 
+def _same_layout(x, rng):
+    """A new array shaped, strided and typed like ``x`` (its axes in the same memory order), small random values."""
+    order = sorted(range(x.ndim), key=lambda i: -abs(x.strides[i]))          # axes, outermost in memory first
+    base = rng.uniform(-0.01, 0.01, tuple(x.shape[i] for i in order)).astype(x.dtype)
+    return base.transpose(np.argsort(order))
+
+
+def products_replay(layer, q, k, v, *, chunk_size=64, seed=0, **params):
+    """The matrix products of one call of a chunkwise form, as a function that makes only those.
+
+    ``layer`` is ``"delta"``, ``"gated"`` or ``"kda"``; ``q, k, v`` and ``params``
+    (``beta``, ``log_gate``) are the form's arguments. The form runs once, and
+    every product it makes through ``delta_rule._matmul`` and
+    ``delta_rule._matmul_add`` (all of them: ``tests/test_costs.py`` counts
+    them) is recorded with its shapes, memory layouts and scalars. An array the
+    form uses in several products (the state inside the loop over chunks) is one
+    array in the replay too. Returns ``(replay, flops)``: ``replay()`` makes the
+    same products in the same order on arrays of the same layouts (small random
+    values, made once), and nothing else (``replay.steps`` lists them as
+    ``(kind, a, b, out, keep, sign)``, kind ``"matmul"`` or ``"add"``, the
+    latter ``out <- keep * out + sign * a @ b``); ``flops`` is their count, equal to
+    :func:`fixedstate.costs.delta_rule_chunkwise_flops`. Timing ``replay`` against
+    the GEMM limit gives what the products cost at their sizes; the rest of the
+    form's time is its elementwise work and numpy's cost per call.
+    """
+    if layer not in LAYERS:
+        raise ValueError(f"layer: expected 'delta', 'gated' or 'kda', got {layer!r}")
+    calls = []
+    real_matmul, real_matmul_add = dr._matmul, dr._matmul_add
+
+    def recording_matmul(a, b, out=None):
+        res = real_matmul(a, b, out=out)
+        calls.append(("matmul", a, b, res, 1.0, 1.0))
+        return res
+
+    def recording_matmul_add(a, b, out, keep, sign=1.0):
+        res = real_matmul_add(a, b, out, keep, sign)
+        calls.append(("add", a, b, out, float(keep), float(sign)))
+        return res
+
+    dr._matmul, dr._matmul_add = recording_matmul, recording_matmul_add
+    try:
+        LAYERS[layer][1](q, k, v, chunk_size=chunk_size, **params)
+    finally:
+        dr._matmul, dr._matmul_add = real_matmul, real_matmul_add
+
+    rng = np.random.default_rng(seed)
+    made = {}
+
+    def twin(x):   # one replay array per distinct array of the form (address, shape, strides, dtype)
+        key = (x.__array_interface__["data"][0], x.shape, x.strides, x.dtype.str)
+        if key not in made:
+            swapped = key[:1] + tuple(t[:-2] + t[:-3:-1] for t in key[1:3]) + key[3:]
+            # a transposed view of an array already seen stays one (numpy computes K K^T as half a product)
+            made[key] = made[swapped].swapaxes(-1, -2) if x.ndim >= 2 and swapped in made else _same_layout(x, rng)
+        return made[key]
+
+    steps = [(kind, twin(a), twin(b), twin(out), keep, sign) for kind, a, b, out, keep, sign in calls]
+    flops = sum(2 * int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), dtype=np.int64))
+                * a.shape[-2] * a.shape[-1] * b.shape[-1] for _, a, b, _, _, _ in steps)
+
+    @one_blas_thread
+    def replay():
+        for kind, a, b, out, keep, sign in steps:
+            if kind == "matmul":
+                real_matmul(a, b, out=out)
+            else:
+                real_matmul_add(a, b, out, keep, sign)
+
+    replay.steps = steps
+    return replay, int(flops)
+
+
 def chunkwise_table(T=4096, d=128, *, layers=("delta", "gated", "kda"), dtypes=(np.float64, np.float32),
                     threads=(None, 1), chunk_size=64, repeats=5, rounds=3, rates=None):
     """The recurrent and chunkwise forms of each layer against the GEMM limit (``make bench``, chapter {ref}`chap-delta-rule`).
@@ -170,14 +246,20 @@ def chunkwise_table(T=4096, d=128, *, layers=("delta", "gated", "kda"), dtypes=(
     median of its own rounds; otherwise ``rates[dtype]``. No form that does those
     products can be faster on one core. Each row's times are the medians over
     ``rounds`` rounds of :func:`time_forms` (the fastest of ``repeats`` runs).
+    Each round also times the chunkwise form's products on their own
+    (:func:`products_replay`, the same sizes and layouts, nothing between them):
+    ``chunkwise / limit`` is then ``products / limit`` (what products of these
+    sizes cost on this machine) times ``chunkwise / products`` (what the form's
+    other work adds).
 
     Returns a dict: ``rates`` (dtype name -> FLOP/s), ``rows`` (one dict per
     configuration: ``layer``, ``dtype``, ``threads``, ``rate`` (the GEMM rate its
     limit uses, FLOP/s), ``blas_threads`` (the
     thread count of each BLAS library when the runs started, as threadpoolctl
     reads it), ``recurrent``, ``chunkwise``,
-    ``limit`` (seconds), ``flops``, ``speedup`` (recurrent / chunkwise),
-    ``recurrent_vs_limit`` and ``chunkwise_vs_limit`` (time / limit)) and the
+    ``products``, ``limit`` (seconds), ``flops``, ``speedup`` (recurrent / chunkwise),
+    ``recurrent_vs_limit``, ``chunkwise_vs_limit`` and ``products_vs_limit`` (time /
+    limit), ``chunkwise_vs_products``) and the
     settings ``T``, ``d``, ``chunk_size``, ``repeats``, ``rounds``.
     """
     dtypes = [np.dtype(x) for x in dtypes]
@@ -188,12 +270,15 @@ def chunkwise_table(T=4096, d=128, *, layers=("delta", "gated", "kda"), dtypes=(
             for th in threads:
                 # None: nothing is changed, the forms meet the caller's threads; a number: set here with
                 # threadpoolctl's own context around the runs (not the package's limiter), restored after
-                runs, row_rates = [], []
+                runs, row_rates, product_times = [], [], []
+                q, k, v, params = random_layer_inputs(T, d, d, layer=layer, dtype=dt)
+                replay, _ = products_replay(layer, q, k, v, chunk_size=chunk_size, **params)
                 for _ in range(rounds):
                     with contextlib.nullcontext() if th is None else threadpool_limits(limits=th, user_api="blas"):
                         in_force = _blas_thread_counts()
                         runs.append(time_forms(T, d, d, dtype=dt, chunk_size=chunk_size, repeats=repeats,
                                                layer=layer, blas_threads=None))
+                        product_times.append(best_time(replay, repeats=repeats, blas_threads=None))
                     if measured is not None:   # the rate in turns with the forms: other work falls on both
                         row_rates.append(gemm_rate(dt, repeats=repeats))
                         measured[dt.name].append(row_rates[-1])
@@ -202,11 +287,13 @@ def chunkwise_table(T=4096, d=128, *, layers=("delta", "gated", "kda"), dtypes=(
                          max_rel_diff=max(x["max_rel_diff"] for x in runs))
                 rate = float(np.median(row_rates)) if measured is not None else rates[dt.name]
                 limit = r["flops"] / rate
+                products = float(np.median(product_times))
                 rows.append({"layer": layer, "dtype": dt.name, "threads": th, "blas_threads": in_force, "rate": rate,
                              "recurrent": r["recurrent"],
-                             "chunkwise": r["chunkwise"], "limit": limit, "flops": r["flops"],
+                             "chunkwise": r["chunkwise"], "products": products, "limit": limit, "flops": r["flops"],
                              "speedup": r["ratio"], "recurrent_vs_limit": r["recurrent"] / limit,
-                             "chunkwise_vs_limit": r["chunkwise"] / limit, "max_rel_diff": r["max_rel_diff"]})
+                             "chunkwise_vs_limit": r["chunkwise"] / limit, "products_vs_limit": products / limit,
+                             "chunkwise_vs_products": r["chunkwise"] / products, "max_rel_diff": r["max_rel_diff"]})
     if measured is not None:
         rates = {name: float(np.median(values)) for name, values in measured.items()}
     return {"rates": rates, "rows": rows, "T": T, "d": d, "chunk_size": chunk_size, "repeats": repeats,
@@ -219,16 +306,18 @@ def _blas_thread_counts():
 
 
 def format_chunkwise_table(table) -> str:
-    """The table of :func:`chunkwise_table` as text: times in ms, ratios to the GEMM limit and between the forms."""
+    """The table of :func:`chunkwise_table` as text: times in ms, ratios to the GEMM limit, to the products alone and between the forms."""
     lines = [f"{'layer':<7}{'dtype':<9}{'BLAS threads':>13}{'recurrent ms':>14}{'chunkwise ms':>14}"
-             f"{'GEMM limit ms':>15}{'rec/limit':>11}{'chunk/limit':>13}{'rec/chunk':>11}"]
+             f"{'products ms':>13}{'GEMM limit ms':>15}{'rec/limit':>11}{'chunk/limit':>13}{'prod/limit':>12}"
+             f"{'chunk/prod':>12}{'rec/chunk':>11}"]
     for r in table["rows"]:
         threads = "default" if r["threads"] is None else str(r["threads"])
         if r.get("blas_threads"):
             threads += f" ({max(r['blas_threads'])})"     # the count in force
         lines.append(f"{r['layer']:<7}{r['dtype']:<9}{threads:>13}{1e3 * r['recurrent']:>14.1f}"
-                     f"{1e3 * r['chunkwise']:>14.1f}{1e3 * r['limit']:>15.1f}{r['recurrent_vs_limit']:>11.2f}"
-                     f"{r['chunkwise_vs_limit']:>13.2f}{r['speedup']:>11.2f}")
+                     f"{1e3 * r['chunkwise']:>14.1f}{1e3 * r['products']:>13.1f}{1e3 * r['limit']:>15.1f}"
+                     f"{r['recurrent_vs_limit']:>11.2f}{r['chunkwise_vs_limit']:>13.2f}{r['products_vs_limit']:>12.2f}"
+                     f"{r['chunkwise_vs_products']:>12.2f}{r['speedup']:>11.2f}")
     return "\n".join(lines)
 
 
