@@ -8,6 +8,7 @@ the argument, says what it got and what was expected.
 from __future__ import annotations
 
 import numbers
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -23,6 +24,8 @@ __all__ = [
     "float_dtype",
     "check_log_gate",
     "check_real_number",
+    "Arg",
+    "prepare_layer_args",
 ]
 
 
@@ -203,3 +206,78 @@ def check_real_number(value, name: str) -> float:
             or not np.isfinite(value)):
         raise ValueError(f"{name}: expected a finite real number, got {_describe(value)}")
     return float(value)
+
+
+class Arg(NamedTuple):
+    """One array argument of a sequence layer, for :func:`prepare_layer_args`.
+
+    ``axes`` names its core axes, last axes first to last, e.g. ``("T", "d_k")``;
+    an axis named ``"T"`` is the token axis, dropped for one-token forms. A name
+    seen before must have the same size (a key's ``d_k`` is the query's).
+    ``check`` (optional) is called on the parsed array and returns it, raising a
+    ``ValueError`` if a value is out of range; ``allow_nonfinite`` leaves NaN and
+    infinity to that check (the log-gate checks find them on their own pass).
+    A ``value`` of None means the argument was not given.
+    """
+
+    name: str
+    value: object
+    axes: tuple
+    check: Callable | None = None
+    allow_nonfinite: bool = False
+
+
+def prepare_layer_args(args, *, initial_state=None, scale=1.0, tokens=True, min_length=0, one_sequence=None):
+    """Validate a sequence layer's arguments, broadcast their leading axes and cast them to one dtype.
+
+    ``args`` is a list of :class:`Arg`, the first the queries (its axes fix
+    ``T`` and ``d_k``). ``initial_state`` is None or ``(..., d_k, d_v)``;
+    ``scale`` a finite real number. With ``tokens`` False the ``"T"`` axes are
+    dropped (one-token forms); ``min_length`` is the fewest tokens accepted.
+    ``one_sequence``, if given, is the hint a reference function gives when an
+    argument has leading axes (it takes one sequence). Every error is a
+    ``ValueError`` that names the argument.
+
+    Returns ``(lead, arrays, initial_state, scale)``: the broadcast leading axes,
+    the arrays in the order of ``args`` (None where not given), each cast to the
+    common dtype (:func:`float_dtype`) and broadcast to ``lead`` (a view where
+    possible), the initial state likewise, and ``scale`` as a float.
+    """
+    dtype = float_dtype(*(a.value for a in args), initial_state)
+    sizes, parsed, items = {}, [], []
+    for arg in args:
+        if arg.value is None:
+            parsed.append(None)
+            continue
+        axes = tuple(a for a in arg.axes if tokens or a != "T")
+        arr = as_float_batch(arg.value, arg.name, tuple(sizes.get(a) for a in axes), axes,
+                             allow_nonfinite=arg.allow_nonfinite)
+        if arg.check is not None:
+            arr = arg.check(arr)
+        for axis, size in zip(axes, arr.shape[arr.ndim - len(axes):]):
+            sizes.setdefault(axis, size)
+        if not parsed and tokens and sizes["T"] < min_length:
+            raise ValueError(f"{arg.name}: expected at least {min_length} token(s), got shape {arr.shape}")
+        parsed.append(arr)
+        items.append((arg.name, arr, len(axes)))
+    if initial_state is not None:
+        initial_state = as_float_batch(initial_state, "initial_state", (sizes["d_k"], sizes["d_v"]), ("d_k", "d_v"))
+        items.append(("initial_state", initial_state, 2))
+    scale = check_real_number(scale, "scale")
+    lead = broadcast_leading(*items)
+    if one_sequence is not None:
+        for name, arr, n_core in items:
+            if arr.ndim > n_core:
+                raise ValueError(f"{name}: the reference functions take one sequence with no leading axes, got "
+                                 f"shape {arr.shape} ({one_sequence})")
+
+    def fit(arr, n_core):
+        if arr is None:
+            return None
+        arr = arr.astype(dtype, copy=False)
+        shape = lead + arr.shape[arr.ndim - n_core:]
+        return arr if arr.shape == shape else np.broadcast_to(arr, shape)
+
+    n_cores = iter(n for _, _, n in items)
+    arrays = [None if arr is None else fit(arr, next(n_cores)) for arr in parsed]
+    return lead, arrays, fit(initial_state, 2), scale

@@ -40,10 +40,10 @@ import numpy as np
 
 from . import delta_rule as _dr
 from ._threads import one_blas_thread
-from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_interval, check_log_gate,
-                        check_positive_int, check_real_number, float_dtype)
+from ._validate import (Arg, as_float_array, check_interval, check_log_gate, check_positive_int, check_real_number,
+                        prepare_layer_args)
 from .delta_rule import _flat
-from .gated_linear_attention import _fit, gla_recurrent
+from .gated_linear_attention import gla_recurrent
 
 __all__ = [
     "deltaproduct_step", "deltaproduct_recurrent", "deltaproduct_chunkwise",
@@ -54,33 +54,21 @@ __all__ = [
 
 # --------------------------------------------------------------------------- DeltaProduct
 
+def _at_least_one_step(k):
+    if k.shape[-2] < 1:
+        raise ValueError(f"k: expected at least one Householder step per token (n_h >= 1), got shape {k.shape}")
+    return k
+
+
 def _prepare_product(q, k, v, beta, log_gate, scale, initial_state, *, tokens=True):
     """Validate DeltaProduct's arguments; return lead, q, k, v, beta, log_gate, initial_state, scale."""
-    dtype = float_dtype(q, k, v, beta, log_gate, initial_state)
-    tok = ("T",) if tokens else ()
-    n = len(tok)
-    q = as_float_batch(q, "q", (None,) * (n + 1), tok + ("d_k",))
-    d_k = q.shape[-1]
-    tsize = (q.shape[-2],) if tokens else ()
-    k = as_float_batch(k, "k", tsize + (None, d_k), tok + ("n_h", "d_k"))
-    n_h = k.shape[-2]
-    if n_h < 1:
-        raise ValueError(f"k: expected at least one Householder step per token (n_h >= 1), got shape {k.shape}")
-    v = as_float_batch(v, "v", tsize + (n_h, None), tok + ("n_h", "d_v"))
-    d_v = v.shape[-1]
-    beta = check_interval(as_float_batch(beta, "beta", tsize + (n_h,), tok + ("n_h",)), "beta", 0.0, 2.0)
-    items = [("q", q, n + 1), ("k", k, n + 2), ("v", v, n + 2), ("beta", beta, n + 1)]
-    if log_gate is not None:
-        log_gate = check_log_gate(as_float_batch(log_gate, "log_gate", tsize, tok, allow_nonfinite=True))
-        items.append(("log_gate", log_gate, n))
-    if initial_state is not None:
-        initial_state = as_float_batch(initial_state, "initial_state", (d_k, d_v), ("d_k", "d_v"))
-        items.append(("initial_state", initial_state, 2))
-    scale = check_real_number(scale, "scale")
-    lead = broadcast_leading(*items)
-    return (lead, _fit(q, dtype, lead, n + 1), _fit(k, dtype, lead, n + 2), _fit(v, dtype, lead, n + 2),
-            _fit(beta, dtype, lead, n + 1), _fit(log_gate, dtype, lead, n), _fit(initial_state, dtype, lead, 2),
-            scale)
+    lead, (q, k, v, beta, log_gate), initial_state, scale = prepare_layer_args(
+        [Arg("q", q, ("T", "d_k")), Arg("k", k, ("T", "n_h", "d_k"), _at_least_one_step),
+         Arg("v", v, ("T", "n_h", "d_v")),
+         Arg("beta", beta, ("T", "n_h"), lambda x: check_interval(x, "beta", 0.0, 2.0)),
+         Arg("log_gate", log_gate, ("T",), check_log_gate, allow_nonfinite=True)],
+        initial_state=initial_state, scale=scale, tokens=tokens)
+    return lead, q, k, v, beta, log_gate, initial_state, scale
 
 
 def deltaproduct_step(q, k, v, *, beta, log_gate=None, scale=1.0, initial_state=None):
@@ -198,24 +186,12 @@ def deltaproduct_chunkwise(q, k, v, *, beta, log_gate=None, scale=1.0, initial_s
 # --------------------------------------------------------------------------- RWKV-7
 
 def _prepare_rwkv7(q, k, v, log_w, a, b, scale, initial_state, *, tokens=True):
-    dtype = float_dtype(q, k, v, log_w, a, b, initial_state)
-    tok = ("T",) if tokens else ()
-    n = len(tok) + 1
-    q = as_float_batch(q, "q", (None,) * n, tok + ("d_k",))
-    core = ((q.shape[-2],) if tokens else ()) + (q.shape[-1],)
-    k = as_float_batch(k, "k", core, tok + ("d_k",))
-    v = as_float_batch(v, "v", core[:-1] + (None,), tok + ("d_v",))
-    log_w = check_log_gate(as_float_batch(log_w, "log_w", core, tok + ("d_k",), allow_nonfinite=True), "log_w")
-    a = as_float_batch(a, "a", core, tok + ("d_k",))
-    b = as_float_batch(b, "b", core, tok + ("d_k",))
-    items = [("q", q, n), ("k", k, n), ("v", v, n), ("log_w", log_w, n), ("a", a, n), ("b", b, n)]
-    if initial_state is not None:
-        initial_state = as_float_batch(initial_state, "initial_state", (q.shape[-1], v.shape[-1]), ("d_k", "d_v"))
-        items.append(("initial_state", initial_state, 2))
-    scale = check_real_number(scale, "scale")
-    lead = broadcast_leading(*items)
-    return (lead,) + tuple(_fit(x, dtype, lead, n) for x in (q, k, v, log_w, a, b)) + (
-        _fit(initial_state, dtype, lead, 2), scale)
+    lead, arrays, initial_state, scale = prepare_layer_args(
+        [Arg("q", q, ("T", "d_k")), Arg("k", k, ("T", "d_k")), Arg("v", v, ("T", "d_v")),
+         Arg("log_w", log_w, ("T", "d_k"), lambda x: check_log_gate(x, "log_w"), allow_nonfinite=True),
+         Arg("a", a, ("T", "d_k")), Arg("b", b, ("T", "d_k"))],
+        initial_state=initial_state, scale=scale, tokens=tokens)
+    return (lead, *arrays, initial_state, scale)
 
 
 def rwkv7_step(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None):
@@ -287,6 +263,12 @@ def rwkv7_recurrent(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None):
 
 # --------------------------------------------------------------------------- Longhorn
 
+def _non_negative_steps(beta):
+    if np.any(beta < 0):
+        raise ValueError(f"beta: expected non-negative step sizes, got {float(beta.min())!r}")
+    return beta
+
+
 def longhorn_recurrent(q, k, v, *, beta, scale=1.0, initial_state=None):
     """Longhorn's recurrence (``eq-fam-longhorn``), in the book's orientation.
 
@@ -307,24 +289,11 @@ def longhorn_recurrent(q, k, v, *, beta, scale=1.0, initial_state=None):
     -------
     outputs : (..., T, d_v). final_state : (..., d_k, d_v).
     """
-    dtype = float_dtype(q, k, v, beta, initial_state)
-    q = as_float_batch(q, "q", (None, None), ("T", "d_k"))
-    T, d_k = q.shape[-2:]
-    k = as_float_batch(k, "k", (T, d_k), ("T", "d_k"))
-    v = as_float_batch(v, "v", (T, None), ("T", "d_v"))
-    d_v = v.shape[-1]
-    beta = as_float_batch(beta, "beta", (T, d_v), ("T", "d_v"))
-    if np.any(beta < 0):
-        raise ValueError(f"beta: expected non-negative step sizes, got {float(beta.min())!r}")
-    items = [("q", q, 2), ("k", k, 2), ("v", v, 2), ("beta", beta, 2)]
-    if initial_state is not None:
-        initial_state = as_float_batch(initial_state, "initial_state", (d_k, d_v), ("d_k", "d_v"))
-        items.append(("initial_state", initial_state, 2))
-    scale = check_real_number(scale, "scale")
-    lead = broadcast_leading(*items)
-    q, k, v, beta = (_fit(x, dtype, lead, 2) for x in (q, k, v, beta))
-    S = np.zeros(lead + (d_k, d_v), dtype=dtype) if initial_state is None else \
-        _fit(initial_state, dtype, lead, 2).copy()
+    lead, (q, k, v, beta), S, scale = prepare_layer_args(
+        [Arg("q", q, ("T", "d_k")), Arg("k", k, ("T", "d_k")), Arg("v", v, ("T", "d_v")),
+         Arg("beta", beta, ("T", "d_v"), _non_negative_steps)], initial_state=initial_state, scale=scale)
+    T, d_k, d_v, dtype = q.shape[-2], q.shape[-1], v.shape[-1], q.dtype
+    S = np.zeros(lead + (d_k, d_v), dtype=dtype) if S is None else S.copy()
     eps = beta / (1.0 + beta * np.sum(k * k, axis=-1, keepdims=True))       # (..., T, d_v)
     out = np.empty(lead + (T, d_v), dtype=dtype)
     for t in range(T):

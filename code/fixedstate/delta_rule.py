@@ -69,8 +69,8 @@ from scipy.linalg import solve_triangular
 from scipy.special import expit
 
 from ._threads import one_blas_thread
-from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_interval, check_log_gate,
-                        check_positive_int, check_real_number, float_dtype)
+from ._validate import (Arg, as_float_array, as_float_batch, broadcast_leading, check_interval, check_log_gate,
+                        check_positive_int, float_dtype, prepare_layer_args)
 
 __all__ = [
     "delta_rule_step", "gated_delta_rule_step", "kda_step",
@@ -93,47 +93,16 @@ def _prepare(q, k, v, beta, log_gate, scale, initial_state, *, gate, tokens=True
     ``initial_state`` may be None), cast to the common dtype, and ``scale``.
     With ``one_sequence`` no leading axes are allowed (the reference functions).
     """
-    dtype = float_dtype(q, k, v, beta, log_gate, initial_state)
-    tok = ("T",) if tokens else ()
-    q = as_float_batch(q, "q", (None,) * len(tok) + (None,), tok + ("d_k",))
-    T = q.shape[-2] if tokens else None
-    if tokens and T < min_length:
-        raise ValueError(f"q: expected at least {min_length} token(s), got shape {q.shape}")
-    d_k = q.shape[-1]
-    tsize = (T,) if tokens else ()
-    k = as_float_batch(k, "k", tsize + (d_k,), tok + ("d_k",))
-    v = as_float_batch(v, "v", tsize + (None,), tok + ("d_v",))
-    d_v = v.shape[-1]
-    beta = check_interval(as_float_batch(beta, "beta", tsize, tok), "beta", 0.0, 1.0)
-    items = [("q", q, len(tok) + 1), ("k", k, len(tok) + 1), ("v", v, len(tok) + 1), ("beta", beta, len(tok))]
+    args = [Arg("q", q, ("T", "d_k")), Arg("k", k, ("T", "d_k")), Arg("v", v, ("T", "d_v")),
+            Arg("beta", beta, ("T",), lambda x: check_interval(x, "beta", 0.0, 1.0))]
     if gate is not None:
-        core = tsize + ((d_k,) if gate == "channel" else ())
-        names = tok + (("d_k",) if gate == "channel" else ())
-        log_gate = check_log_gate(as_float_batch(log_gate, "log_gate", core, names, allow_nonfinite=True))
-        items.append(("log_gate", log_gate, len(core)))
-    if initial_state is not None:
-        initial_state = as_float_batch(initial_state, "initial_state", (d_k, d_v), ("d_k", "d_v"))
-        items.append(("initial_state", initial_state, 2))
-    scale = check_real_number(scale, "scale")
-    lead = broadcast_leading(*items)
-    if one_sequence:
-        for name, arr, n_core in items:
-            if arr.ndim > n_core:
-                raise ValueError(f"{name}: the reference functions take one sequence with no leading "
-                                 f"axes, got shape {arr.shape} (use the *_recurrent or *_chunkwise forms "
-                                 "for batches)")
-
-    def fit(arr, n_core):
-        if arr is None:
-            return None
-        arr = arr.astype(dtype, copy=False)
-        shape = lead + arr.shape[arr.ndim - n_core:]
-        return arr if arr.shape == shape else np.broadcast_to(arr, shape)
-
-    n = len(tok)
-    return (lead, fit(q, n + 1), fit(k, n + 1), fit(v, n + 1), fit(beta, n),
-            fit(log_gate, n + (gate == "channel")) if gate is not None else None,
-            fit(initial_state, 2), scale)
+        args.append(Arg("log_gate", log_gate, ("T", "d_k") if gate == "channel" else ("T",), check_log_gate,
+                        allow_nonfinite=True))
+    lead, arrays, initial_state, scale = prepare_layer_args(
+        args, initial_state=initial_state, scale=scale, tokens=tokens, min_length=min_length,
+        one_sequence="use the *_recurrent or *_chunkwise forms for batches" if one_sequence else None)
+    q, k, v, beta = arrays[:4]
+    return lead, q, k, v, beta, arrays[4] if gate is not None else None, initial_state, scale
 
 
 def _flat(x, lead, n_core):

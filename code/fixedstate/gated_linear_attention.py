@@ -64,8 +64,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._threads import one_blas_thread
-from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_log_gate, check_positive_int,
-                        check_real_number, float_dtype)
+from ._validate import (Arg, as_float_array, as_float_batch, check_log_gate, check_positive_int, float_dtype,
+                        prepare_layer_args)
 from .delta_rule import _chunk_decays   # KDA's overflow-safe per-channel pair products, shared with GLA
 from .delta_rule import _flat           # merges the leading axes into one
 
@@ -80,39 +80,12 @@ __all__ = [
 
 def _prepare(q, k, v, log_gate, scale, initial_state, *, tokens=True, one_sequence=False):
     """Validate; return the leading shape and q, k, v, log_gate, initial_state broadcast to it and cast."""
-    dtype = float_dtype(q, k, v, log_gate, initial_state)
-    tok = ("T",) if tokens else ()
-    n = len(tok) + 1
-    q = as_float_batch(q, "q", (None,) * n, tok + ("d_k",))
-    d_k = q.shape[-1]
-    tsize = (q.shape[-2],) if tokens else ()
-    k = as_float_batch(k, "k", tsize + (d_k,), tok + ("d_k",))
-    v = as_float_batch(v, "v", tsize + (None,), tok + ("d_v",))
-    d_v = v.shape[-1]
-    log_gate = check_log_gate(as_float_batch(log_gate, "log_gate", tsize + (d_k,), tok + ("d_k",),
-                                             allow_nonfinite=True))
-    items = [("q", q, n), ("k", k, n), ("v", v, n), ("log_gate", log_gate, n)]
-    if initial_state is not None:
-        initial_state = as_float_batch(initial_state, "initial_state", (d_k, d_v), ("d_k", "d_v"))
-        items.append(("initial_state", initial_state, 2))
-    scale = check_real_number(scale, "scale")
-    lead = broadcast_leading(*items)
-    if one_sequence:
-        for name, arr, n_core in items:
-            if arr.ndim > n_core:
-                raise ValueError(f"{name}: the reference functions take one sequence with no leading axes, got "
-                                 f"shape {arr.shape} (use gla_recurrent or gla_chunkwise for batches)")
-    return (lead,) + tuple(_fit(x, dtype, lead, n) for x in (q, k, v, log_gate)) + (
-        _fit(initial_state, dtype, lead, 2), scale)
-
-
-def _fit(arr, dtype, lead, n_core):
-    """``arr`` (or None) cast to ``dtype`` and broadcast to the leading axes ``lead`` (a view when possible)."""
-    if arr is None:
-        return None
-    arr = arr.astype(dtype, copy=False)
-    shape = lead + arr.shape[arr.ndim - n_core:]
-    return arr if arr.shape == shape else np.broadcast_to(arr, shape)
+    lead, (q, k, v, log_gate), initial_state, scale = prepare_layer_args(
+        [Arg("q", q, ("T", "d_k")), Arg("k", k, ("T", "d_k")), Arg("v", v, ("T", "d_v")),
+         Arg("log_gate", log_gate, ("T", "d_k"), check_log_gate, allow_nonfinite=True)],
+        initial_state=initial_state, scale=scale, tokens=tokens,
+        one_sequence="use gla_recurrent or gla_chunkwise for batches" if one_sequence else None)
+    return lead, q, k, v, log_gate, initial_state, scale
 
 
 def _run(form, q, k, v, log_gate, scale, initial_state, *extra):
