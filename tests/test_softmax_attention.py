@@ -234,9 +234,11 @@ def test_batched_equals_loop_over_items(lead, t, n, seed, masks, drop):
 
 # ---------------------------------------------------------------- precision
 
+@pytest.mark.parametrize("low", [np.float32, np.float16])
 @pytest.mark.parametrize("form", ["matrix", "bidirectional", "step", "loop", "weights"])
-def test_float32_in_float32_out(form):
-    q, k, v = (a.astype(np.float32) for a in _data(5, 4, 3, 2))
+def test_float32_in_float32_out(form, low):
+    # float16 computes in float32, as in every core of the package (fixedstate._validate.float_dtype)
+    q, k, v = (a.astype(low) for a in _data(5, 4, 3, 2))
     if form == "weights":
         assert sa.attention_weights(q, k).dtype == np.float32
         return

@@ -122,6 +122,7 @@ def _prepare(q, k, v, feature_map, normalize, eps, scale, initial_state, *, toke
     tsize = q.shape[-2:-1] if tokens else ()
     k = as_float_batch(k, "k", tsize + (q.shape[-1],), tok + ("d_k",))
     v = as_float_batch(v, "v", tsize + (None,), tok + ("d_v",))
+    q, k = q.astype(dtype, copy=False), k.astype(dtype, copy=False)       # float16 computes in float32
     phi_q = _apply_feature_map(feature_map, q, "q", normalize)
     phi_k = _apply_feature_map(feature_map, k, "k", normalize)
     r = phi_k.shape[-1]

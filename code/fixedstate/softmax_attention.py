@@ -194,6 +194,7 @@ def _check_causal(causal) -> bool:
 
 def _prepare(q, k, v, initial_state, *, causal=True, tokens=True, one_sequence=False):
     """Validate; return ``q, k, v`` in the common dtype and the incoming cache."""
+    dtype = float_dtype(q, k, v)           # of the inputs as given: float16 computes in float32
     tok = ("T",) if tokens else ()
     n = len(tok) + 1
     q = as_float_batch(q, "q", (None,) * n, tok + ("d_k",))
@@ -211,7 +212,8 @@ def _prepare(q, k, v, initial_state, *, causal=True, tokens=True, one_sequence=F
     if one_sequence and lead:
         raise ValueError(f"q: the reference loop takes one sequence (T, d_k) with no leading axes, got "
                          f"leading axes {lead} (use softmax_attention for batches)")
-    dtype = float_dtype(q, k, v, cache.keys if cache.length else None)
+    if cache.length:
+        dtype = np.result_type(dtype, cache.keys)
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), cache
 
 
@@ -226,12 +228,14 @@ def attention_weights(q, k, *, causal: bool = True, scale=None) -> np.ndarray:
     keys may be a different number ``m`` of rows, giving ``(..., T, m)``.
     """
     causal = _check_causal(causal)
+    dtype = float_dtype(q, k)
     q = as_float_batch(q, "q", (None, None), ("T", "d_k"))
     if q.shape[-2] < 1:
         raise ValueError(f"q: expected at least one token, got shape {q.shape}")
     k = as_float_batch(k, "k", ((q.shape[-2],) if causal else (None,)) + (q.shape[-1],),
                        ("T" if causal else "m", "d_k"))
     broadcast_leading(("q", q, 2), ("k", k, 2))
+    q, k = q.astype(dtype, copy=False), k.astype(dtype, copy=False)
     scores = _scale(scale, q.shape[-1]) * (q @ k.swapaxes(-1, -2))
     if causal:
         t = q.shape[-2]
