@@ -180,7 +180,10 @@ def products_replay(layer, q, k, v, *, chunk_size=64, seed=0, **params):
     latter ``out <- keep * out + sign * a @ b``); ``flops`` is their count, equal to
     :func:`fixedstate.costs.delta_rule_chunkwise_flops`. Timing ``replay`` against
     the GEMM limit gives what the products cost at their sizes; the rest of the
-    form's time is its elementwise work and numpy's cost per call.
+    form's time is its elementwise work and numpy's cost per call. The recording
+    replaces the module's product functions for the duration of that one call
+    (restored after, also on an error), so do not run other chunkwise forms in
+    other threads meanwhile: their products would be recorded too.
     """
     if layer not in LAYERS:
         raise ValueError(f"layer: expected 'delta', 'gated' or 'kda', got {layer!r}")
