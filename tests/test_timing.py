@@ -121,6 +121,39 @@ def test_products_replay_keeps_shared_arrays_and_transposed_views_as_in_the_form
     assert any(np.shares_memory(s[1], s[2]) and s[2].base is not None for s in steps if s[0] == "matmul")
 
 
+@pytest.mark.parametrize("layer, dtype", [("gated", np.float64), ("gated", np.float32), ("kda", np.float64)])
+def test_products_replay_operands_have_the_forms_shapes_strides_and_dtypes(layer, dtype):
+    # operand by operand, the replay's arrays are laid out as the form's: the h x h blocks of the UT transform's
+    # inverse keep the row pitch of the C x C matrix they are cut from, the first C rows of [W; Gamma Q] their gaps
+    q, k, v, params = timing.random_layer_inputs(512, 32, 16, layer=layer, dtype=dtype)
+    seen = []
+    real = dr._matmul, dr._matmul_add
+
+    def spy(a, b, out=None):
+        res = real[0](a, b, out=out)
+        seen.append((a, b, res))
+        return res
+
+    def spy_add(a, b, out, keep, sign=1.0):
+        seen.append((a, b, out))
+        return real[1](a, b, out, keep, sign)
+
+    dr._matmul, dr._matmul_add = spy, spy_add
+    try:
+        timing.LAYERS[layer][1](q, k, v, chunk_size=32, **params)
+    finally:
+        dr._matmul, dr._matmul_add = real
+    replay, _ = timing.products_replay(layer, q, k, v, chunk_size=32, **params)
+    assert len(replay.steps) == len(seen)
+    gapped = 0
+    for form_arrays, step in zip(seen, replay.steps):
+        for x, y in zip(form_arrays, step[1:4]):
+            assert (y.shape, y.strides, y.dtype) == (x.shape, x.strides, x.dtype)
+            assert not np.shares_memory(y, q) and not np.shares_memory(y, k)      # the replay's own arrays
+            gapped += not (x.flags.c_contiguous or x.flags.f_contiguous)
+    assert gapped > 0                   # the case that a contiguous copy would get wrong is among them
+
+
 def test_products_replay_refuses_an_unknown_layer_and_restores_the_products_on_an_error():
     q, k, v, params = timing.random_layer_inputs(16, 4, 4, layer="gated")
     with pytest.raises(ValueError, match="layer"):

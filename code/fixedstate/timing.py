@@ -158,10 +158,19 @@ def gemm_rate(dtype=np.float64, *, n=1024, repeats=5, threads=1) -> float:
 
 
 def _same_layout(x, rng):
-    """A new array shaped, strided and typed like ``x`` (its axes in the same memory order), small random values."""
-    order = sorted(range(x.ndim), key=lambda i: -abs(x.strides[i]))          # axes, outermost in memory first
-    base = rng.uniform(-0.01, 0.01, tuple(x.shape[i] for i in order)).astype(x.dtype)
-    return base.transpose(np.argsort(order))
+    """A new array with the shape, strides and dtype of ``x``, small random values.
+
+    The strides are those of ``x`` exactly: a block that the form takes out of a
+    larger matrix (the h x h blocks of the UT transform's inverse, the first C rows
+    of ``[W; Gamma Q]``) keeps its row pitch, and so its gaps, in the replay.
+    """
+    size = x.itemsize
+    if any(s % size for s in x.strides):
+        raise ValueError(f"x: expected strides that are multiples of the item size {size}, got {x.strides}")
+    extent = sum((n - 1) * abs(s) for n, s in zip(x.shape, x.strides)) // size + 1 if x.size else 1
+    start = sum((n - 1) * -s for n, s in zip(x.shape, x.strides) if s < 0) // size  # the first element's place
+    buffer = rng.uniform(-0.01, 0.01, extent).astype(x.dtype)
+    return np.lib.stride_tricks.as_strided(buffer[start:], x.shape, x.strides, writeable=True)
 
 
 def products_replay(layer, q, k, v, *, chunk_size=64, seed=0, **params):
@@ -180,10 +189,24 @@ def products_replay(layer, q, k, v, *, chunk_size=64, seed=0, **params):
     latter ``out <- keep * out + sign * a @ b``); ``flops`` is their count, equal to
     :func:`fixedstate.costs.delta_rule_chunkwise_flops`. Timing ``replay`` against
     the GEMM limit gives what the products cost at their sizes; the rest of the
-    form's time is its elementwise work and numpy's cost per call. The recording
-    replaces the module's product functions for the duration of that one call
-    (restored after, also on an error), so do not run other chunkwise forms in
-    other threads meanwhile: their products would be recorded too.
+    form's time is its elementwise work and numpy's cost per call.
+
+    What the replay keeps and what it does not: each array has the strides of
+    the form's (a block of a larger matrix keeps its row pitch), and a product of
+    an array with a transposed view of itself (``K K^T``) stays one, so numpy can
+    compute it as half a product as in the form. Arrays that are distinct views
+    of one buffer in the form (blocks of one matrix) are separate buffers in the
+    replay, and a result the form allocates afresh is written into an array made
+    once. An ``"add"`` step is done as the form does it, by
+    ``delta_rule._matmul_add``: one BLAS call in float64, in float32 a product
+    followed by the scaling and the addition (two passes over ``out``).
+    Between the replay's products nothing touches the arrays, so an operand that
+    the form has just written (and finds in cache) may have to come from memory
+    in the replay: the replay measures the products in this arrangement, it does
+    not bound their time inside the form. The recording replaces the module's
+    product functions for the duration of that one call (restored after, also on
+    an error), so do not run other chunkwise forms in other threads meanwhile:
+    their products would be recorded too.
     """
     if layer not in LAYERS:
         raise ValueError(f"layer: expected 'delta', 'gated' or 'kda', got {layer!r}")
