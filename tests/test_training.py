@@ -243,3 +243,84 @@ def test_one_configuration_of_the_sweep_reproduces_its_stored_accuracy():
     again = tr.run_config(run["mixer"], run["d_model"], run["n_pairs"], run["seed"], run["lr"],
                           stored["settings"])
     assert abs(again["test_accuracy"] - run["test_accuracy"]) <= TOLERANCE
+
+
+# ----------------------------------------------------------------------------- the SSD follow-up
+
+def test_the_default_ssd_initialisation_is_the_sweeps():
+    """Without ``ssd_dt_init`` the step bias is 0 (the sweep's init) and the draws are those of before."""
+    config = tr.ModelConfig("ssd", vocab_size=9, d_model=4)
+    params = tr.init_model(config, 0)
+    assert all(params[f"L{i}.b_dt"][0] == 0.0 and params[f"L{i}.a_log"][0] == 0.0 for i in range(2))
+    assert "ssd_dt_init" not in tr.SWEEP
+    other = tr.init_model(config, 0, ssd_dt_init=0.01)
+    assert set(other) == set(params)
+    for name in params:                               # only the step bias differs
+        if not name.endswith("b_dt"):
+            np.testing.assert_array_equal(other[name], params[name])
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-13), (np.float32, 1e-6)])
+def test_ssd_dt_init_sets_the_initial_step_and_decay(dtype, rtol):
+    delta0 = 0.01
+    config = tr.ModelConfig("ssd", vocab_size=9, d_model=4)
+    params = tr.init_model(config, 0, dtype=dtype, ssd_dt_init=delta0)
+    for i in range(2):
+        b = params[f"L{i}.b_dt"]
+        assert b.dtype == dtype
+        np.testing.assert_allclose(bl.softplus(b.astype(np.float64)), delta0, rtol=rtol)
+        params[f"L{i}.w_dt"][:] = 0                   # the input's share removed: every token's step is the bias's
+    tokens, _ = tr.mqar_data(2, vocab_size=9, n_pairs=2, seq_len=9, rng=0)
+    _, cache = tr.model_forward(params, config, tokens)
+    for c in cache["layers"]:
+        decay = np.exp(c["aux"]["a"] * c["aux"]["delta"])
+        np.testing.assert_allclose(decay, math.exp(-delta0), rtol=rtol)
+    # a large step does not overflow the inverse softplus
+    big = tr.init_model(config, 0, ssd_dt_init=800.0)
+    np.testing.assert_allclose(big["L0.b_dt"], 800.0, rtol=1e-15)
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.01, math.nan, math.inf, True, "0.01", [0.01]])
+def test_ssd_dt_init_rejects_bad_values(bad):
+    config = tr.ModelConfig("ssd", vocab_size=9, d_model=4)
+    with pytest.raises(ValueError, match="ssd_dt_init"):
+        tr.init_model(config, 0, ssd_dt_init=bad)
+    with pytest.raises(ValueError, match="ssd_dt_init"):
+        tr.train("ssd", d_model=4, n_pairs=2, steps=1, lr=1e-2, seed=0, vocab_size=9, seq_len=9,
+                 batch_size=2, n_test=2, ssd_dt_init=bad)
+
+
+FOLLOWUP = ROOT / "results" / "mqar_ssd_followup.json"
+
+
+def test_the_stored_followup_has_its_provenance_and_every_run():
+    stored = json.loads(FOLLOWUP.read_text())
+    s = stored["settings"]
+    assert s["mixers"] == ["ssd"] and s["ssd_dt_init"] == 0.01
+    sweep = json.loads((ROOT / "results" / "mqar_sweep.json").read_text())["settings"]
+    assert {k: v for k, v in s.items() if k not in ("mixers", "ssd_dt_init")} == \
+        {k: v for k, v in sweep.items() if k != "mixers"}          # the sweep's protocol otherwise
+    prov = stored["provenance"]
+    assert isinstance(prov["commit"], str) and len(prov["commit"]) == 40
+    assert prov["uncommitted_changes"] is False
+    for key in ("date", "machine", "tuning_budget", "init", "command", "wall_seconds"):
+        assert prov[key], key
+    assert prov["seeds"]["sweep"] == s["seeds"] and prov["seeds"]["tuning"] == s["tune_seed"]
+    assert "0.01" in prov["init"]
+    keys = [(r["d_model"], r["n_pairs"], r["seed"]) for r in stored["runs"]]
+    assert sorted(keys) == [(d, n, seed) for d in s["d_models"] for n in s["n_pairs"] for seed in s["seeds"]]
+    assert all(r["mixer"] == "ssd" and r["lr"] == stored["chosen_lr"]["ssd"] for r in stored["runs"])
+    tuning = [r for r in stored["tuning"] if r["mixer"] == "ssd"]
+    assert sorted(r["lr"] for r in tuning) == sorted(s["lr_grid"])
+    assert stored["chosen_lr"]["ssd"] == tr._choose_lr(tuning)       # the sweep's rule picked it
+
+
+def test_one_configuration_of_the_followup_reproduces_its_stored_accuracy():
+    """As the sweep's rerun test: the cheapest follow-up configuration, within the same tolerance."""
+    TOLERANCE = 0.03
+    stored = json.loads(FOLLOWUP.read_text())
+    s = stored["settings"]
+    run = next(r for r in stored["runs"] if r["d_model"] == min(s["d_models"])
+               and r["n_pairs"] == min(s["n_pairs"]) and r["seed"] == 0)
+    again = tr.run_config(run["mixer"], run["d_model"], run["n_pairs"], run["seed"], run["lr"], s)
+    assert abs(again["test_accuracy"] - run["test_accuracy"]) <= TOLERANCE

@@ -1,10 +1,16 @@
 """Run chapter 9's MQAR sweep and write results/mqar_sweep.json with its provenance (`make experiment`).
 
     .venv/bin/python tools/mqar_experiment.py [--jobs 2] [--out results/mqar_sweep.json]
+    .venv/bin/python tools/mqar_experiment.py --ssd-followup [--jobs 2]     # make experiment-ssd
+
+With ``--ssd-followup`` it runs the follow-up the chapter pre-registers instead:
+the SSD alone, its step initialised at 0.01, everything else as in the sweep
+(``fixedstate.training.SSD_FOLLOWUP``), written to results/mqar_ssd_followup.json.
 
 Every run is printed as it finishes (a plain progress line: runs done, the run,
 its test accuracy, the time elapsed and an estimate of the time left). The
-settings, seeds and tuning budget are those of ``fixedstate.training.SWEEP``.
+settings, seeds and tuning budget are those of ``fixedstate.training.SWEEP``
+(or ``SSD_FOLLOWUP``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,12 @@ TUNING_BUDGET = ("learning rate only, chosen per mixer from lr_grid on one confi
                  "by test accuracy (ties: lower final training loss), then fixed for every width, pair count "
                  "and seed; the same grid and rule for every mixer; nothing else tuned")
 
+INIT_SWEEP = ("init_model's default: the SSD's step bias b_dt = 0 (step softplus(0) = ln 2 before the input's "
+              "share), a_log = 0 (a = -1)")
+INIT_FOLLOWUP = ("as the sweep except the SSD's step bias: b_dt = softplus^-1(ssd_dt_init) = log(expm1(0.01)), "
+                 "so the step starts at 0.01 before the input's share and the per-token decay at exp(-0.01); "
+                 "a_log = 0 (a = -1) as in the sweep")
+
 
 def _git(*args):
     try:
@@ -40,27 +52,35 @@ def _git(*args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2, the cores of the book's machine)")
-    ap.add_argument("--out", default=str(ROOT / "results" / "mqar_sweep.json"))
+    ap.add_argument("--ssd-followup", action="store_true",
+                    help="run the pre-registered follow-up (the SSD with its step initialised at 0.01) instead")
+    ap.add_argument("--out", default=None,
+                    help="default results/mqar_sweep.json, or results/mqar_ssd_followup.json with --ssd-followup")
     args = ap.parse_args(argv)
+    settings = tr.SSD_FOLLOWUP if args.ssd_followup else tr.SWEEP
+    name, target = ("SSD follow-up", "experiment-ssd") if args.ssd_followup else ("MQAR sweep", "experiment")
+    if args.out is None:
+        args.out = str(ROOT / "results" / ("mqar_ssd_followup.json" if args.ssd_followup else "mqar_sweep.json"))
     started = datetime.datetime.now(datetime.timezone.utc)
     commit = _git("rev-parse", "HEAD")              # the code the runs import: record it before they start
     status = _git("status", "--porcelain", "--untracked-files=no")
-    print(f"MQAR sweep: {len(tr.SWEEP['mixers'])} mixers x {len(tr.SWEEP['d_models'])} widths x "
-          f"{len(tr.SWEEP['n_pairs'])} pair counts x {len(tr.SWEEP['seeds'])} seeds, after a learning-rate "
-          f"grid of {len(tr.SWEEP['lr_grid'])} per mixer; {args.jobs} worker process(es)", flush=True)
-    result = tr.run_sweep(jobs=args.jobs, progress=lambda line: print(line, flush=True))
+    print(f"{name}: {len(settings['mixers'])} mixer(s) x {len(settings['d_models'])} widths x "
+          f"{len(settings['n_pairs'])} pair counts x {len(settings['seeds'])} seeds, after a learning-rate "
+          f"grid of {len(settings['lr_grid'])} per mixer; {args.jobs} worker process(es)", flush=True)
+    result = tr.run_sweep(settings, jobs=args.jobs, progress=lambda line: print(line, flush=True))
     result["provenance"] = {
-        "command": "make experiment (" + " ".join([Path(sys.executable).name, *sys.argv]) + ")",
+        "command": f"make {target} (" + " ".join([Path(sys.executable).name, *sys.argv]) + ")",
         "commit": commit,
         "uncommitted_changes": bool(status) if status is not None else None,
         "date": started.isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpu_count": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__},
         "jobs": args.jobs,
-        "seeds": {"sweep": list(tr.SWEEP["seeds"]), "tuning": tr.SWEEP["tune_seed"],
+        "seeds": {"sweep": list(settings["seeds"]), "tuning": settings["tune_seed"],
                   "streams": "init default_rng((seed, 0)); training batches default_rng((seed, 1)); "
                              "test set default_rng((12345, n_pairs))"},
         "tuning_budget": TUNING_BUDGET,
+        "init": INIT_FOLLOWUP if args.ssd_followup else INIT_SWEEP,
         "wall_seconds": result["seconds"],
     }
     out = Path(args.out)

@@ -57,6 +57,7 @@ __all__ = [
     "train",
     "mqar_data",
     "SWEEP",
+    "SSD_FOLLOWUP",
     "run_config",
     "run_sweep",
 ]
@@ -217,7 +218,20 @@ class ModelConfig:
         object.__setattr__(self, "layers", MIXERS[self.mixer])
 
 
-def init_model(config: ModelConfig, rng, *, dtype=np.float64) -> dict:
+def _ssd_dt_bias(ssd_dt_init) -> float:
+    """The SSD's step bias ``b_dt``: 0 for ``None`` (the step starts at ``softplus(0) = ln 2``), else
+    ``softplus^{-1}(ssd_dt_init)``, so that the step starts at ``ssd_dt_init`` where ``u w_dt = 0``."""
+    if ssd_dt_init is None:
+        return 0.0
+    if (isinstance(ssd_dt_init, bool) or not isinstance(ssd_dt_init, numbers.Real)
+            or not math.isfinite(ssd_dt_init) or ssd_dt_init <= 0):
+        raise ValueError(f"ssd_dt_init: expected a finite number > 0 (the SSD's initial step) or None, "
+                         f"got {ssd_dt_init!r}")
+    x = float(ssd_dt_init)
+    return x + math.log(-math.expm1(-x))           # log(expm1(x)), without overflow for large x
+
+
+def init_model(config: ModelConfig, rng, *, dtype=np.float64, ssd_dt_init=None) -> dict:
     """Random parameters of the model ``config`` describes, as a dict name -> array of ``dtype``.
 
     ``dtype`` is float64 (for gradient checks) or float32 (for training: twice
@@ -228,9 +242,17 @@ def init_model(config: ModelConfig, rng, *, dtype=np.float64) -> dict:
     down by ``sqrt(2 * n_layers)``; the convolution starts as the identity (its
     last tap 1, the others small); gates start open (``beta`` near 0.5, the
     decay near 0.95, the SSM step near 0.7).
+
+    ``ssd_dt_init`` changes only the SSD's step bias: ``None`` (the default, the
+    sweep's initialisation) sets ``b_dt = 0``, so the step starts at
+    ``softplus(0) = ln 2``; a number ``Delta0 > 0`` sets
+    ``b_dt = softplus^{-1}(Delta0) = log(expm1(Delta0))``, so the step starts at
+    ``Delta0`` (before the input's share ``u w_dt``) and, with ``a = -1``, the
+    per-token decay at ``exp(-Delta0)``. Other mixers ignore it.
     """
     if not isinstance(config, ModelConfig):
         raise ValueError(f"config: expected a ModelConfig, got {type(config).__name__}")
+    b_dt = _ssd_dt_bias(ssd_dt_init)
     rng = np.random.default_rng(rng)
     d, V, K, F = config.d_model, config.vocab_size, config.conv_size, config.d_ff
     out_scale = 1 / math.sqrt(2 * len(config.layers))
@@ -256,7 +278,7 @@ def init_model(config: ModelConfig, rng, *, dtype=np.float64) -> dict:
             p[L + "b_gate"] = np.full(1, 3.0)
         if core == "ssd":
             p[L + "w_dt"] = proj(d, 1)[:, 0]
-            p[L + "b_dt"] = np.zeros(1)
+            p[L + "b_dt"] = np.full(1, b_dt)
             p[L + "a_log"] = np.zeros(1)
         p[L + "Wo"] = proj(d, d, out_scale)
         p[L + "norm2"] = np.ones(d)
@@ -435,7 +457,7 @@ def _lr_at(step, steps, lr, warmup):
 
 @one_blas_thread
 def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64, batch_size=32,
-          n_test=256, clip=1.0, warmup=None, dtype=np.float32, callback=None):
+          n_test=256, clip=1.0, warmup=None, dtype=np.float32, callback=None, ssd_dt_init=None):
     """Train one model on MQAR and return a dict with its parameters, losses and test accuracy.
 
     Training batches are fresh at every step, drawn from the stream
@@ -445,7 +467,8 @@ def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64
     and disjoint from training in its random stream. Adam (``eq-tr-adam``) with
     the global gradient norm clipped at ``clip``, the learning rate warmed up
     linearly over ``warmup`` steps (default a tenth) and then decayed to 0 on a
-    cosine.
+    cosine. ``ssd_dt_init`` is passed to :func:`init_model` (the SSD's initial
+    step; ``None``, the default, keeps ``b_dt = 0``).
 
     Returns
     -------
@@ -454,7 +477,7 @@ def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64
     """
     steps = check_positive_int(steps, "steps")
     config = ModelConfig(mixer, vocab_size, d_model)
-    params = init_model(config, np.random.default_rng((seed, 0)), dtype=dtype)
+    params = init_model(config, np.random.default_rng((seed, 0)), dtype=dtype, ssd_dt_init=ssd_dt_init)
     data_rng = np.random.default_rng((seed, 1))
     test_tokens, test_targets = mqar_data(n_test, vocab_size=vocab_size, n_pairs=n_pairs, seq_len=seq_len,
                                           rng=np.random.default_rng((12345, n_pairs)))
@@ -504,17 +527,23 @@ SWEEP = {
     "tune_seed": 100,
 }
 
+# The follow-up that chapter 9 pre-registers (``make experiment-ssd``): the SSD alone,
+# with its step initialised at 0.01 (b_dt = softplus^{-1}(0.01)) instead of ln 2, and
+# everything else (a = -1, sizes, steps, seeds, learning-rate grid and rule) as in SWEEP.
+SSD_FOLLOWUP = {**SWEEP, "mixers": ("ssd",), "ssd_dt_init": 0.01}
+
 
 def run_config(mixer, d_model, n_pairs, seed, lr, settings=None) -> dict:
     """Train one configuration of the sweep and return its record (no parameters).
 
     ``settings`` is the sweep's dict (default ``SWEEP``): the steps, batch size,
-    sequence length, vocabulary, test-set size and clipping it names.
+    sequence length, vocabulary, test-set size and clipping it names, and the
+    SSD's initial step ``ssd_dt_init`` if it names one (``SSD_FOLLOWUP``).
     """
     s = SWEEP if settings is None else settings
     r = train(mixer, d_model=d_model, n_pairs=n_pairs, steps=s["steps"], lr=lr, seed=seed,
               vocab_size=s["vocab_size"], seq_len=s["seq_len"], batch_size=s["batch_size"],
-              n_test=s["n_test"], clip=s["clip"])
+              n_test=s["n_test"], clip=s["clip"], ssd_dt_init=s.get("ssd_dt_init"))
     losses = r["losses"]
     tail = losses[-max(1, len(losses) // 10):]
     diverged = not np.all(np.isfinite(losses))
