@@ -315,6 +315,9 @@ def test_the_stored_followup_has_its_provenance_and_every_run():
     assert all(r["mixer"] == "ssd" and r["lr"] == stored["chosen_lr"]["ssd"] for r in stored["runs"])
     tuning = [r for r in stored["tuning"] if r["mixer"] == "ssd"]
     assert sorted(r["lr"] for r in tuning) == sorted(s["lr_grid"])
+    assert all((r["d_model"], r["n_pairs"], r["seed"]) == (s["tune_d_model"], s["tune_n_pairs"], s["tune_seed"])
+               for r in tuning)                                       # the sweep's tuning configuration
+    assert "experiment-ssd" in prov["command"] and "--ssd-followup" in prov["command"]
     assert stored["chosen_lr"]["ssd"] == tr._choose_lr(tuning)       # the sweep's rule picked it
 
 
