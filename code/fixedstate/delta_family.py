@@ -268,7 +268,7 @@ def _rwkv7_pairs(w, q, k, a, b):
     ``w``: (N, C, d_k) per-token decays (each in [0, 1]); ``q, k, a, b``: (N, C, d_k), C a
     power of two. Level by level over halves of the chunk, as
     :func:`fixedstate.delta_rule._chunk_decays`: a pair i < r in the halves F, G of a block
-    factors through F's last token p. The output pairs (``eq-fam-rwkv7-chunk-state``) decay
+    factors through F's last token p. The output pairs (``eq-fam-rwkv7-chunk-out``) decay
     from i + 1 through r, ``fwd[r] bwd[i]`` with ``fwd`` inclusive (G's start through r); the
     removal reads (``eq-fam-rwkv7-chunk-u``) see the state *before* token r, so their pairs
     decay from i + 1 through r - 1, ``fwd_excl[r] bwd[i]`` with ``fwd_excl`` exclusive (G's
@@ -308,9 +308,53 @@ def _rwkv7_pairs(w, q, k, a, b):
     return qb, qk, ab, ak, fwd, fwd_excl, bwd
 
 
+def _rwkv7_group(qc, kc, vc, ac, bc, w, S):
+    """One group of consecutive chunks of B sequences: ``qc, kc, ac, bc, w`` (B, g, C, d_k), ``vc``
+    (B, g, C, d_v), C a power of two; ``S`` the (B, d_k, d_v) states entering the group, updated in
+    place. Returns the (B, g, C, d_v) outputs (unscaled)."""
+    B, g, C, d_k = kc.shape
+    d_v = vc.shape[-1]
+    dtype = kc.dtype
+    flat = lambda x: x.reshape((B * g,) + x.shape[2:])
+    qc, kc, vc, ac, bc = (flat(x) for x in (qc, kc, vc, ac, bc))
+    qb, qk, ab, ak, gamma, gamma_excl, to_end = _rwkv7_pairs(flat(w), qc, kc, ac, bc)
+    # eq-fam-rwkv7-chunk-u: (I - L_ab) U = L_ak V + (A o Gamma^-) S_0, so U = U~ + W S_0
+    ut = _dr._unit_lower_inverse(-ab)                                         # (I - L_ab)^{-1}
+    u_free = np.matmul(ut, np.matmul(ak, vc))                                 # U~ = T L_ak V
+    reads = np.empty((B * g, 2 * C, d_k), dtype=dtype)                        # [W; Gamma o Q]
+    np.matmul(ut, ac * gamma_excl, out=reads[:, :C])
+    np.multiply(qc, gamma, out=reads[:, C:])
+    b_end_t = (bc * to_end).swapaxes(-1, -2)                                  # (Gamma^-> o B)^T, (d_k, C)
+    kv_end = np.matmul((kc * to_end).swapaxes(-1, -2), vc)                    # (Gamma^-> o K)^T V
+    decay_last = gamma[:, -1, :, None]                                        # Gamma_C, (d_k, 1)
+
+    # The only sequential part: carry the state from chunk to chunk (eq-fam-rwkv7-chunk-state).
+    reads, u_free, b_end_t, kv_end, decay_last = (x.reshape((B, g) + x.shape[1:])
+                                                  for x in (reads, u_free, b_end_t, kv_end, decay_last))
+    read = np.empty((B, g, 2 * C, d_v), dtype=dtype)                          # [W S_0; (Gamma o Q) S_0]
+    u = np.empty((B, g, C, d_v), dtype=dtype)
+    for j in range(g):
+        np.matmul(reads[:, j], S, out=read[:, j])
+        np.add(u_free[:, j], read[:, j, :C], out=u[:, j])                     # U = U~ + W S_0
+        S *= decay_last[:, j]
+        S += np.matmul(b_end_t[:, j], u[:, j])
+        S += kv_end[:, j]
+    # eq-fam-rwkv7-chunk-out: O = (Gamma o Q) S_0 + P_qb U + P_qk V, for the group's chunks at once
+    out = np.matmul(qb, u.reshape(B * g, C, d_v))
+    out += np.matmul(qk, vc)
+    out += read.reshape(B * g, 2 * C, d_v)[:, C:]
+    return out.reshape(B, g, C, d_v)
+
+
 @one_blas_thread
 def _rwkv7_chunks(q, k, v, log_w, a, b, S, scale, chunk_size):
-    """q, k, log_w, a, b: (B, T, d_k); v: (B, T, d_v); S: (B, d_k, d_v) or None."""
+    """q, k, log_w, a, b: (B, T, d_k); v: (B, T, d_v); S: (B, d_k, d_v) or None.
+
+    The chunks go through :func:`_rwkv7_group` in groups of consecutive chunks whose
+    (tokens x d) arrays take about ``delta_rule._GROUP_BYTES``, so that a group's
+    intermediate arrays stay in the processor's cache; the result does not depend
+    on the group size.
+    """
     B, T, d_k = q.shape
     d_v = v.shape[-1]
     dtype = q.dtype
@@ -319,46 +363,25 @@ def _rwkv7_chunks(q, k, v, log_w, a, b, S, scale, chunk_size):
     n = max(1, -(-T // C))
 
     def chunks(x, fill=0.0):
-        """(B, T, d) -> (B * n, C2, d): n chunks of C tokens each, padded to C2 with ``fill``."""
+        """(B, T, d) -> (B, n, C2, d): n chunks of C tokens each, padded to C2 with ``fill``."""
         out = np.full((B, n, C2, x.shape[-1]), fill, dtype=dtype)
         full = (T // C) * C
         out[:, :T // C, :C] = x[:, :full].reshape(B, T // C, C, x.shape[-1])
         if full < T:
             out[:, -1, :T - full] = x[:, full:]
-        return out.reshape(B * n, C2, x.shape[-1])
+        return out
 
     # Padding tokens have q = k = v = a = b = 0 and decay 1: they leave the state unchanged.
     qc, kc, vc, ac, bc = (chunks(x) for x in (q, k, v, a, b))
     w = chunks(np.exp(log_w), fill=1.0)              # per-token decays, exponents <= 0
-    qb, qk, ab, ak, gamma, gamma_excl, to_end = _rwkv7_pairs(w, qc, kc, ac, bc)
-    # eq-fam-rwkv7-chunk-u: (I - L_ab) U = L_ak V + (Gamma_{r-1} o A) S_0, so U = U~ + W S_0
-    ut = _dr._unit_lower_inverse(-ab)                                         # (I - L_ab)^{-1}
-    u_free = np.matmul(ut, np.matmul(ak, vc))                                 # U~ = T L_ak V
-    reads = np.empty((B * n, 2 * C2, d_k), dtype=dtype)                       # [W; Gamma o Q]
-    np.matmul(ut, ac * gamma_excl, out=reads[:, :C2])
-    np.multiply(qc, gamma, out=reads[:, C2:])
-    b_end_t = (bc * to_end).swapaxes(-1, -2)                                  # (to_end o B)^T, (d_k, C2)
-    kv_end = np.matmul((kc * to_end).swapaxes(-1, -2), vc)                    # (to_end o K)^T V
-    decay_last = gamma[:, -1, :, None]                                        # Gamma_C, (d_k, 1)
-
-    # The only sequential part: carry the state from chunk to chunk (eq-fam-rwkv7-chunk-state).
-    reads, u_free, b_end_t, kv_end, decay_last = (x.reshape((B, n) + x.shape[1:])
-                                                  for x in (reads, u_free, b_end_t, kv_end, decay_last))
     S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
-    read = np.empty((B, n, 2 * C2, d_v), dtype=dtype)                         # [W S_0; (Gamma o Q) S_0]
-    u = np.empty((B, n, C2, d_v), dtype=dtype)
-    for j in range(n):
-        np.matmul(reads[:, j], S, out=read[:, j])
-        np.add(u_free[:, j], read[:, j, :C2], out=u[:, j])                    # U = U~ + W S_0
-        S *= decay_last[:, j]
-        S += np.matmul(b_end_t[:, j], u[:, j])
-        S += kv_end[:, j]
-    # eq-fam-rwkv7-chunk-out: O = (Gamma o Q) S_0 + P_qb U + P_qk V, for all chunks at once
-    u = u.reshape(B * n, C2, d_v)
-    out = np.matmul(qb, u)
-    out += np.matmul(qk, vc)
-    out += read.reshape(B * n, 2 * C2, d_v)[:, C2:]
-    outputs = out.reshape(B, n, C2, d_v)[:, :, :C].reshape(B, n * C, d_v)[:, :T]
+    out = np.empty((B, n, C2, d_v), dtype=dtype)
+    group_tokens = max(C2, _dr._GROUP_BYTES // (max(d_k, d_v) * dtype.itemsize))
+    group = max(1, group_tokens // (C2 * B))                          # consecutive chunks per group
+    for g0 in range(0, n, group):
+        sl = slice(g0, min(n, g0 + group))
+        out[:, sl] = _rwkv7_group(qc[:, sl], kc[:, sl], vc[:, sl], ac[:, sl], bc[:, sl], w[:, sl], S)
+    outputs = out[:, :, :C].reshape(B, n * C, d_v)[:, :T]
     if scale != 1.0:
         outputs = outputs * dtype.type(scale)
     return np.ascontiguousarray(outputs), S
