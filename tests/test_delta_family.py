@@ -2,7 +2,8 @@
 
 Reductions (DeltaProduct with n_h = 1 is DeltaNet and Gated DeltaNet; RWKV-7
 with the right choices is the gated delta rule, with no rank-one term it is
-GLA), form equalities (chunkwise = recurrent, step = scan, each equal to the
+GLA, in the recurrent and the chunkwise form), form equalities (chunkwise =
+recurrent, step = scan, each equal to the
 transition written as a matrix), the parity tracker exact on long random
 strings, and the diagonal positive-decay layer's limit.
 """
@@ -188,14 +189,156 @@ def test_rwkv7_is_the_papers_update_transposed():
         assert rel_err(o1, o[t]) <= 1e-14
 
 
-@pytest.mark.parametrize("name,kw", [("log_w", dict(log_w=np.full((4, 3), 0.5))), ("a", dict(a=np.ones((4, 2)))),
-                                     ("b", dict(b=np.ones(3))), ("v", dict(v=np.ones((3, 2))))])
-def test_rwkv7_bad_input_names_the_argument(name, kw):
+_RWKV7_BAD = [("log_w", dict(log_w=np.full((4, 3), 0.5))), ("a", dict(a=np.ones((4, 2)))), ("b", dict(b=np.ones(3))),
+              ("v", dict(v=np.ones((3, 2)))), ("log_w", dict(log_w=np.full((4, 3), np.nan))),
+              ("initial_state", dict(initial_state=np.ones((2, 3))))]
+_CHUNK_BAD = [("chunk_size", dict(chunk_size=0)), ("chunk_size", dict(chunk_size=2.5)),
+              ("chunk_size", dict(chunk_size=True))]
+
+
+@pytest.mark.parametrize("form,name,kw", [("recurrent",) + c for c in _RWKV7_BAD]
+                         + [("chunkwise",) + c for c in _RWKV7_BAD + _CHUNK_BAD])
+def test_rwkv7_bad_input_names_the_argument(form, name, kw):
     args = dict(q=np.ones((4, 3)), k=np.ones((4, 3)), v=np.ones((4, 2)), log_w=-np.ones((4, 3)),
                 a=np.ones((4, 3)), b=np.ones((4, 3)))
     args.update(kw)
+    fn = df.rwkv7_recurrent if form == "recurrent" else df.rwkv7_chunkwise
     with pytest.raises(ValueError, match="^" + name):
-        df.rwkv7_recurrent(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+        fn(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def rwkv7_inputs(rng, lead, T, d_k, d_v, *, like_rwkv7=True, log_w_min=None):
+    """Random RWKV-7 arguments. RWKV-7-like: decays w = exp(-e^{-1/2} sigmoid(z)) in [0.545, 1] as in
+    the paper, a = -kappa_hat (unit removal key), b = kappa_hat o eta (learning rate eta in [0, 1]);
+    generic: a, b independent with entries of size about 1/sqrt(d_k), decays in [0.3, 1]."""
+    q, k = rng.standard_normal((2,) + lead + (T, d_k))
+    v = rng.standard_normal(lead + (T, d_v))
+    if like_rwkv7:
+        kappa = rng.standard_normal(lead + (T, d_k))
+        kappa /= np.linalg.norm(kappa, axis=-1, keepdims=True)
+        a, b = -kappa, kappa * rng.uniform(0.0, 1.0, lead + (T, d_k))
+        log_w = -np.exp(-0.5) / (1.0 + np.exp(-rng.standard_normal(lead + (T, d_k))))
+    else:
+        a, b = rng.standard_normal((2,) + lead + (T, d_k)) / np.sqrt(d_k)
+        log_w = np.log(rng.uniform(0.3, 1.0, lead + (T, d_k)))
+    if log_w_min is not None:
+        log_w = rng.uniform(log_w_min, 0.0, lead + (T, d_k))
+    return q, k, v, dict(log_w=log_w, a=a, b=b)
+
+
+@settings(max_examples=150, deadline=None)
+@given(T=st.integers(1, 140), d_k=st.integers(1, 6), d_v=st.integers(1, 5),
+       lead=st.sampled_from([(), (2,), (2, 3)]), chunk=st.sampled_from([1, 3, 8, 16, 64]),
+       with_init=st.booleans(), like_rwkv7=st.booleans(), seed=st.integers(0, 10_000))
+def test_rwkv7_chunkwise_equals_recurrent(T, d_k, d_v, lead, chunk, with_init, like_rwkv7, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, kw = rwkv7_inputs(rng, lead, T, d_k, d_v, like_rwkv7=like_rwkv7)
+    S0 = rng.standard_normal(lead + (d_k, d_v)) if with_init else None
+    o_ref, S_ref = df.rwkv7_recurrent(q, k, v, **kw, scale=0.7, initial_state=S0)
+    o, S = df.rwkv7_chunkwise(q, k, v, **kw, scale=0.7, initial_state=S0, chunk_size=chunk)
+    assert o.shape == o_ref.shape and S.shape == S_ref.shape
+    assert rel_err(o, o_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
+
+
+def test_rwkv7_chunkwise_ignores_how_the_sequence_is_cut():
+    # one sequence of 4 chunks, then the same sequence in two calls carrying the state
+    rng = np.random.default_rng(21)
+    q, k, v, kw = rwkv7_inputs(rng, (), 64, 5, 3)
+    o, S = df.rwkv7_chunkwise(q, k, v, **kw, chunk_size=16)
+    half = {name: x[:24] for name, x in kw.items()}
+    rest = {name: x[24:] for name, x in kw.items()}
+    o1, S1 = df.rwkv7_chunkwise(q[:24], k[:24], v[:24], **half, chunk_size=16)
+    o2, S2 = df.rwkv7_chunkwise(q[24:], k[24:], v[24:], **rest, chunk_size=16, initial_state=S1)
+    assert rel_err(np.concatenate([o1, o2]), o) <= 1e-13 and rel_err(S2, S) <= 1e-13
+
+
+@pytest.mark.parametrize("group_bytes", [1, 3 * 16 * 5 * 8, 1 << 30])
+@pytest.mark.parametrize("lead", [(), (3,)])
+def test_rwkv7_chunkwise_does_not_depend_on_how_chunks_are_grouped(monkeypatch, group_bytes, lead):
+    # the chunks go through cache-sized groups of delta_rule._GROUP_BYTES: with 1 byte every group is one
+    # chunk; with 3 chunks' worth, groups of 3 and a shorter last one (one sequence; of 1 for three); with
+    # 1 GiB, one group
+    rng = np.random.default_rng(16)
+    q, k, v, kw = rwkv7_inputs(rng, lead, 150, 5, 4)
+    S0 = rng.standard_normal(lead + (5, 4))
+    o_ref, S_ref = df.rwkv7_recurrent(q, k, v, **kw, initial_state=S0)
+    monkeypatch.setattr(dr, "_GROUP_BYTES", group_bytes)
+    o, S = df.rwkv7_chunkwise(q, k, v, **kw, initial_state=S0, chunk_size=16)
+    assert rel_err(o, o_ref) <= 1e-13 and rel_err(S, S_ref) <= 1e-13
+
+
+@pytest.mark.parametrize("like_rwkv7", [True, False])
+@pytest.mark.parametrize("chunk", [8, 64])
+def test_rwkv7_chunkwise_in_float32_agrees_to_float32_precision(like_rwkv7, chunk):
+    rng = np.random.default_rng(12)
+    q, k, v, kw = rwkv7_inputs(rng, (2,), 300, 16, 8, like_rwkv7=like_rwkv7)
+    S0 = rng.standard_normal((2, 16, 8))
+    o64, S64 = df.rwkv7_recurrent(q, k, v, **kw, initial_state=S0)
+    f32 = lambda x: x.astype(np.float32)
+    kw32 = {name: f32(x) for name, x in kw.items()}
+    o32, S32 = df.rwkv7_chunkwise(f32(q), f32(k), f32(v), **kw32, initial_state=f32(S0), chunk_size=chunk)
+    assert o32.dtype == np.float32 and S32.dtype == np.float32
+    assert rel_err(o32, o64) <= 2e-6 and rel_err(S32, S64) <= 2e-6
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rwkv7_chunkwise_survives_strong_decay_over_long_sequences(dtype):
+    # log-decays down to -20 per token: across a chunk of 64 the cumulative decay reaches about
+    # e^{-640}, below float64's smallest number; its inverse, which the form never builds, would overflow
+    rng = np.random.default_rng(13)
+    q, k, v, kw = rwkv7_inputs(rng, (), 2048, 8, 4, log_w_min=-20.0)
+    cast = lambda x: x.astype(dtype)
+    kw = {name: cast(x) for name, x in kw.items()}
+    o_ref, S_ref = df.rwkv7_recurrent(cast(q), cast(k), cast(v), **kw)
+    o, S = df.rwkv7_chunkwise(cast(q), cast(k), cast(v), **kw, chunk_size=64)
+    assert np.isfinite(o).all() and np.isfinite(S).all()
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    assert rel_err(o, o_ref) <= tol and rel_err(S, S_ref) <= tol
+
+
+def test_rwkv7_chunkwise_with_decay_zero_and_no_rank_one_term_forgets_everything():
+    # log_w = -800 and b = 0 on a token: w = exp(-800) is exactly 0 in float64 and the rank-one term is
+    # off, so the token wipes the state before its own write and what follows does not depend on anything
+    # earlier (a form dividing by cumulative decays would divide by zero here)
+    rng = np.random.default_rng(14)
+    q, k, v, kw = rwkv7_inputs(rng, (), 40, 4, 3)
+    kw["log_w"][20] = -800.0
+    kw["b"][20] = 0.0
+    assert np.exp(kw["log_w"][20]).max() == 0.0
+    o, S = df.rwkv7_chunkwise(q, k, v, **kw, chunk_size=16)
+    later = {name: x[20:] for name, x in kw.items()}
+    o_late, S_late = df.rwkv7_recurrent(q[20:], k[20:], v[20:], **later)
+    assert np.isfinite(o).all()
+    assert rel_err(o[20:], o_late) <= 1e-13 and rel_err(S, S_late) <= 1e-13
+
+
+@SETTINGS
+@given(T=st.integers(1, 40), d_k=st.integers(1, 5), d_v=st.integers(1, 4), seed=st.integers(0, 10_000),
+       with_init=st.booleans(), chunk=st.sampled_from([1, 3, 8, 16]))
+def test_rwkv7_chunkwise_with_the_right_choices_is_the_gated_delta_rule(T, d_k, d_v, seed, with_init, chunk):
+    rng = np.random.default_rng(seed)
+    q, k, v, beta, lg = product_inputs(rng, (2,), T, 1, d_k, d_v, beta_max=1.0)
+    k, v, beta = k[..., 0, :], v[..., 0, :], beta[..., 0]
+    S0 = rng.standard_normal((2, d_k, d_v)) if with_init else None
+    o_ref, S_ref = dr.gated_delta_rule_chunkwise(q, k, v, beta=beta, log_gate=lg, initial_state=S0, chunk_size=chunk)
+    g = np.exp(lg)[..., None]
+    o, S = df.rwkv7_chunkwise(q, beta[..., None] * k, v, log_w=np.broadcast_to(lg[..., None], k.shape), a=-k,
+                              b=g * beta[..., None] * k, initial_state=S0, chunk_size=chunk)
+    assert rel_err(o, o_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16])
+def test_rwkv7_chunkwise_without_the_rank_one_term_is_glas_chunkwise_form(chunk):
+    rng = np.random.default_rng(15)
+    T, d_k, d_v = 37, 4, 3
+    q, k = rng.standard_normal((2, 2, T, d_k))
+    v = rng.standard_normal((2, T, d_v))
+    S0 = rng.standard_normal((2, d_k, d_v))
+    lw = np.log(rng.uniform(0.3, 1.0, (2, T, d_k)))
+    zero = np.zeros((2, T, d_k))
+    o, S = df.rwkv7_chunkwise(q, k, v, log_w=lw, a=zero, b=zero, initial_state=S0, chunk_size=chunk)
+    o_g, S_g = gla.gla_chunkwise(q, k, v, log_gate=lw, initial_state=S0, chunk_size=chunk)
+    assert rel_err(o, o_g) <= 1e-13 and rel_err(S, S_g) <= 1e-13
 
 
 # --------------------------------------------------------------------------- Longhorn
@@ -304,7 +447,7 @@ def test_diagonal_layer_refuses_positive_log_gates():
                                  query=np.ones(2))
 
 
-@pytest.mark.parametrize("form", ["dp_step", "dp_rec", "dp_chunk", "rwkv7", "longhorn"])
+@pytest.mark.parametrize("form", ["dp_step", "dp_rec", "dp_chunk", "rwkv7", "rwkv7_chunk", "longhorn"])
 def test_float32_in_float32_out(form):
     rng = np.random.default_rng(11)
     q, k, v, beta, lg = (x.astype(np.float32) for x in product_inputs(rng, (2,), 6, 2, 3, 2))
@@ -314,6 +457,8 @@ def test_float32_in_float32_out(form):
         "dp_rec": lambda: df.deltaproduct_recurrent(q, k, v, beta=beta, log_gate=lg, scale=0.5),
         "dp_chunk": lambda: df.deltaproduct_chunkwise(q, k, v, beta=beta, log_gate=lg, chunk_size=4),
         "rwkv7": lambda: df.rwkv7_recurrent(q, k1, v1, log_w=-np.abs(k1), a=-k1, b=k1, scale=0.5),
+        "rwkv7_chunk": lambda: df.rwkv7_chunkwise(q, k1, v1, log_w=-np.abs(k1), a=-k1, b=k1, scale=0.5,
+                                                  chunk_size=4),
         "longhorn": lambda: df.longhorn_recurrent(q, k1, v1, beta=np.abs(v1), scale=0.5),
     }
     o, S = calls[form]()

@@ -12,7 +12,8 @@ read is ``S^T q``), and each update is ``S_t = M_t S_{t-1} + (write)`` with a
   :func:`deltaproduct_chunkwise`). With ``n_h = 1`` it is DeltaNet, or Gated
   DeltaNet with a gate.
 - **RWKV-7** (Peng et al. 2025): a diagonal decay plus a rank-one term,
-  ``M_t = Diag(w_t) + b_t a_t^T`` (:func:`rwkv7_step`, :func:`rwkv7_recurrent`).
+  ``M_t = Diag(w_t) + b_t a_t^T`` (:func:`rwkv7_step`, :func:`rwkv7_recurrent`,
+  :func:`rwkv7_chunkwise`).
 - **Longhorn** (Liu et al. 2025): an elementwise (diagonal in the vectorised
   state) approximation of the delta rule's implicit update
   (:func:`longhorn_recurrent`).
@@ -47,7 +48,7 @@ from .gated_linear_attention import gla_recurrent
 
 __all__ = [
     "deltaproduct_step", "deltaproduct_recurrent", "deltaproduct_chunkwise",
-    "rwkv7_step", "rwkv7_recurrent", "longhorn_recurrent",
+    "rwkv7_step", "rwkv7_recurrent", "rwkv7_chunkwise", "longhorn_recurrent",
     "parity_delta_rule", "diagonal_parity_layer", "fit_diagonal_parity", "sign_changes", "parity",
 ]
 
@@ -258,6 +259,152 @@ def rwkv7_recurrent(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None):
     lead, q, k, v, lw, a, b, S, scale = _prepare_rwkv7(q, k, v, log_w, a, b, scale, initial_state)
     T, d_v = q.shape[-2], v.shape[-1]
     out, S = _rwkv7_scan(*(_flat(x, lead, 2) for x in (q, k, v, lw, a, b, S)), scale)
+    return out.reshape(lead + (T, d_v)), S.reshape(lead + S.shape[1:])
+
+
+def _rwkv7_pairs(w, q, k, a, b):
+    """Decays inside each chunk and the four decayed pair products of RWKV-7's chunkwise form.
+
+    ``w``: (N, C, d_k) per-token decays (each in [0, 1]); ``q, k, a, b``: (N, C, d_k), C a
+    power of two. Level by level over halves of the chunk, as
+    :func:`fixedstate.delta_rule._chunk_decays`: a pair i < r in the halves F, G of a block
+    factors through F's last token p. The output pairs (``eq-fam-rwkv7-chunk-out``) decay
+    from i + 1 through r, ``fwd[r] bwd[i]`` with ``fwd`` inclusive (G's start through r); the
+    removal reads (``eq-fam-rwkv7-chunk-u``) see the state *before* token r, so their pairs
+    decay from i + 1 through r - 1, ``fwd_excl[r] bwd[i]`` with ``fwd_excl`` exclusive (G's
+    start through r - 1). Both are products of decays <= 1; nothing is divided.
+
+    Returns ``qb, qk`` (N, C, C; lower triangles *with* the diagonal q_r^T b_r, q_r^T k_r),
+    ``ab, ak`` (strictly lower), and ``gamma`` (Gamma_r, through r), ``gamma_excl``
+    (Gamma_{r-1}, through r - 1), ``to_end`` (from i + 1 through C), each (N, C, d_k).
+    """
+    N, C, d_k = w.shape
+    dtype = w.dtype
+    qb, qk, ab, ak = (np.zeros((N, C, C), dtype=dtype) for _ in range(4))
+    fwd = w.copy()
+    fwd_excl = np.ones_like(w)
+    bwd = np.ones_like(w)
+    for h in _dr._levels(C):
+        shape = (N, C // (2 * h), 2, h, d_k)
+        f, fe, bw = fwd.reshape(shape), fwd_excl.reshape(shape), bwd.reshape(shape)
+        qs, ks, as_, bs = (x.reshape(shape) for x in (q, k, a, b))
+        left = np.empty((N, C // (2 * h), 2 * h, d_k), dtype=dtype)
+        np.multiply(qs[:, :, 1], f[:, :, 1], out=left[:, :, :h])              # q_r fwd[r], r in G
+        np.multiply(as_[:, :, 1], fe[:, :, 1], out=left[:, :, h:])            # a_r fwd_excl[r]
+        right = np.empty((N, C // (2 * h), 2 * h, d_k), dtype=dtype)
+        np.multiply(bs[:, :, 0], bw[:, :, 0], out=right[:, :, :h])            # b_i bwd[i], i in F
+        np.multiply(ks[:, :, 0], bw[:, :, 0], out=right[:, :, h:])            # k_i bwd[i]
+        both = np.matmul(left, right.swapaxes(-1, -2))                         # (N, C/2h, 2h, 2h)
+        _dr._blocks(qb, h, h, 0)[...] = both[:, :, :h, :h]
+        _dr._blocks(qk, h, h, 0)[...] = both[:, :, :h, h:]
+        _dr._blocks(ab, h, h, 0)[...] = both[:, :, h:, :h]
+        _dr._blocks(ak, h, h, 0)[...] = both[:, :, h:, h:]
+        bw[:, :, 0] *= f[:, :, 1, -1:]                                         # bwd over F: times G's product
+        fe[:, :, 1] *= f[:, :, 0, -1:]                                         # both fwd over G: times F's
+        f[:, :, 1] *= f[:, :, 0, -1:]
+    diag = slice(None, None, C + 1)
+    qb.reshape(N, C * C)[:, diag] = np.einsum("nrc,nrc->nr", q, b)           # i = r: no decay
+    qk.reshape(N, C * C)[:, diag] = np.einsum("nrc,nrc->nr", q, k)
+    return qb, qk, ab, ak, fwd, fwd_excl, bwd
+
+
+def _rwkv7_group(qc, kc, vc, ac, bc, w, S):
+    """One group of consecutive chunks of B sequences: ``qc, kc, ac, bc, w`` (B, g, C, d_k), ``vc``
+    (B, g, C, d_v), C a power of two; ``S`` the (B, d_k, d_v) states entering the group, updated in
+    place. Returns the (B, g, C, d_v) outputs (unscaled)."""
+    B, g, C, d_k = kc.shape
+    d_v = vc.shape[-1]
+    dtype = kc.dtype
+    flat = lambda x: x.reshape((B * g,) + x.shape[2:])
+    qc, kc, vc, ac, bc = (flat(x) for x in (qc, kc, vc, ac, bc))
+    qb, qk, ab, ak, gamma, gamma_excl, to_end = _rwkv7_pairs(flat(w), qc, kc, ac, bc)
+    # eq-fam-rwkv7-chunk-u: (I - L_ab) U = L_ak V + (A o Gamma^-) S_0, so U = U~ + W S_0
+    ut = _dr._unit_lower_inverse(-ab)                                         # (I - L_ab)^{-1}
+    u_free = np.matmul(ut, np.matmul(ak, vc))                                 # U~ = T L_ak V
+    reads = np.empty((B * g, 2 * C, d_k), dtype=dtype)                        # [W; Gamma o Q]
+    np.matmul(ut, ac * gamma_excl, out=reads[:, :C])
+    np.multiply(qc, gamma, out=reads[:, C:])
+    b_end_t = (bc * to_end).swapaxes(-1, -2)                                  # (Gamma^-> o B)^T, (d_k, C)
+    kv_end = np.matmul((kc * to_end).swapaxes(-1, -2), vc)                    # (Gamma^-> o K)^T V
+    decay_last = gamma[:, -1, :, None]                                        # Gamma_C, (d_k, 1)
+
+    # The only sequential part: carry the state from chunk to chunk (eq-fam-rwkv7-chunk-state).
+    reads, u_free, b_end_t, kv_end, decay_last = (x.reshape((B, g) + x.shape[1:])
+                                                  for x in (reads, u_free, b_end_t, kv_end, decay_last))
+    read = np.empty((B, g, 2 * C, d_v), dtype=dtype)                          # [W S_0; (Gamma o Q) S_0]
+    u = np.empty((B, g, C, d_v), dtype=dtype)
+    for j in range(g):
+        np.matmul(reads[:, j], S, out=read[:, j])
+        np.add(u_free[:, j], read[:, j, :C], out=u[:, j])                     # U = U~ + W S_0
+        S *= decay_last[:, j]
+        S += np.matmul(b_end_t[:, j], u[:, j])
+        S += kv_end[:, j]
+    # eq-fam-rwkv7-chunk-out: O = (Gamma o Q) S_0 + P_qb U + P_qk V, for the group's chunks at once
+    out = np.matmul(qb, u.reshape(B * g, C, d_v))
+    out += np.matmul(qk, vc)
+    out += read.reshape(B * g, 2 * C, d_v)[:, C:]
+    return out.reshape(B, g, C, d_v)
+
+
+@one_blas_thread
+def _rwkv7_chunks(q, k, v, log_w, a, b, S, scale, chunk_size):
+    """q, k, log_w, a, b: (B, T, d_k); v: (B, T, d_v); S: (B, d_k, d_v) or None.
+
+    The chunks go through :func:`_rwkv7_group` in groups of consecutive chunks whose
+    (tokens x d) arrays take about ``delta_rule._GROUP_BYTES``, so that a group's
+    intermediate arrays stay in the processor's cache; the result does not depend
+    on the group size.
+    """
+    B, T, d_k = q.shape
+    d_v = v.shape[-1]
+    dtype = q.dtype
+    C = chunk_size
+    C2 = 1 << (C - 1).bit_length()                  # C rounded up to a power of two
+    n = max(1, -(-T // C))
+
+    def chunks(x, fill=0.0):
+        """(B, T, d) -> (B, n, C2, d): n chunks of C tokens each, padded to C2 with ``fill``."""
+        out = np.full((B, n, C2, x.shape[-1]), fill, dtype=dtype)
+        full = (T // C) * C
+        out[:, :T // C, :C] = x[:, :full].reshape(B, T // C, C, x.shape[-1])
+        if full < T:
+            out[:, -1, :T - full] = x[:, full:]
+        return out
+
+    # Padding tokens have q = k = v = a = b = 0 and decay 1: they leave the state unchanged.
+    qc, kc, vc, ac, bc = (chunks(x) for x in (q, k, v, a, b))
+    w = chunks(np.exp(log_w), fill=1.0)              # per-token decays, exponents <= 0
+    S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
+    out = np.empty((B, n, C2, d_v), dtype=dtype)
+    group_tokens = max(C2, _dr._GROUP_BYTES // (max(d_k, d_v) * dtype.itemsize))
+    group = max(1, group_tokens // (C2 * B))                          # consecutive chunks per group
+    for g0 in range(0, n, group):
+        sl = slice(g0, min(n, g0 + group))
+        out[:, sl] = _rwkv7_group(qc[:, sl], kc[:, sl], vc[:, sl], ac[:, sl], bc[:, sl], w[:, sl], S)
+    outputs = out[:, :, :C].reshape(B, n * C, d_v)[:, :T]
+    if scale != 1.0:
+        outputs = outputs * dtype.type(scale)
+    return np.ascontiguousarray(outputs), S
+
+
+def rwkv7_chunkwise(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None, chunk_size=64):
+    """RWKV-7's generalised delta rule in chunkwise-parallel form (``eq-fam-rwkv7-chunk-u``,
+    ``eq-fam-rwkv7-chunk-out``, ``eq-fam-rwkv7-chunk-state``).
+
+    Same arguments and results as :func:`rwkv7_recurrent`, plus ``chunk_size`` (an
+    integer >= 1; the length need not be a multiple of it; one that is not a power
+    of two is padded up to one inside each chunk). Inside a chunk the removal reads
+    ``u_r = S_{r-1}^T a_r`` solve a unit lower-triangular system (a UT transform, as
+    the delta rule's ``eq-dr-ut``); outputs and the chunk-end state follow by matrix
+    products. Decays between positions of a chunk are products of the per-token
+    decays ``exp(log_w) <= 1`` built level by level over halves of the chunk, so no
+    exponent is ever positive and no decay is divided. The leading axes are
+    processed inside the same matrix products; the products run with one BLAS thread.
+    """
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    lead, q, k, v, lw, a, b, S, scale = _prepare_rwkv7(q, k, v, log_w, a, b, scale, initial_state)
+    T, d_v = q.shape[-2], v.shape[-1]
+    out, S = _rwkv7_chunks(*(_flat(x, lead, 2) for x in (q, k, v, lw, a, b, S)), scale, chunk_size)
     return out.reshape(lead + (T, d_v)), S.reshape(lead + S.shape[1:])
 
 
