@@ -5,7 +5,7 @@ Properties:
   gate), DeltaNet, Gated DeltaNet, KDA, Mamba-2's SSD and Mamba's selective scan, the gradient of
   ``L = sum <W, out> + <W_S, final state>`` with respect to every input (gates,
   beta, step sizes, decay rates, D and the initial state included) agrees with
-  central finite differences (step 1e-6) to a relative error of at most 1e-6
+  central finite differences (step 1e-5) to a relative error of at most 1e-6
   in float64, over small random shapes (hypothesis: T 1..9, widths 1..5, with
   and without leading axes);
 - an input broadcast along leading axes gets the gradient summed over them
@@ -34,6 +34,10 @@ from fixedstate import ssm
 
 SETTINGS = settings(max_examples=12, deadline=None)
 TOL = 1e-6
+# step 1e-5, not gradcheck's 1e-6: it balances the rounding of the two evaluations (about 1e-16 |L| / h) against
+# the truncation (about h^2), so that an input whose gradient is small by chance (one token, one channel) is still
+# checked well below TOL
+STEP = 1e-5
 LEADS = st.sampled_from([(), (2,), (1, 2)])
 
 
@@ -41,7 +45,7 @@ def _check(f, inputs, grads, seed=0):
     """Assert the backward pass's gradients match finite differences; return the largest error."""
     weights = gc.random_weights(f(**inputs), seed)
     got = grads(*weights)
-    errors = gc.relative_errors(f, inputs, got, weights)
+    errors = gc.relative_errors(f, inputs, got, weights, step=STEP)
     assert max(errors.values()) <= TOL, errors
     return max(errors.values())
 

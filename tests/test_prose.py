@@ -2,10 +2,12 @@
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from fixedstate.prose import below, glue_bound, round_to_format
+from fixedstate import prose
+from fixedstate.prose import below, glue_bound, glue_number, round_to_format
 
 FORMATS = [".0f", ".1f", ".2f", ".3f", ".4f", ",.0f", ",.1f", ".0%", ".1%", ".0e", ".1e", ".2g", ".3g", ".4g", ","]
 
@@ -32,7 +34,7 @@ def test_round_to_format_rejects_bad_input(bad, arg):
         round_to_format(*bad)
 
 
-def test_bounds_hold_or_fail_loudly():
+def test_bounds_hold_or_fail_loudly(monkeypatch):
     assert below(3.9e-16) == "below 1e-12"
     assert below(2e-14, 1e-13) == "below 1e-13"
     with pytest.raises(AssertionError, match="2.000e-12"):
@@ -41,4 +43,14 @@ def test_bounds_hold_or_fail_loudly():
         glue_bound("x", 5e-10)
     with pytest.raises(ValueError, match="bound"):
         below(1e-16, -1.0)
-    assert math.isclose(glue_bound("x", 1e-16), 1e-12)
+    glued = {}
+    monkeypatch.setattr(prose, "glue", lambda name, value, display=True: glued.update({name: value}))
+    assert glue_bound("x", 1e-16) is None and math.isclose(glued["x"], 1e-12)
+
+
+def test_glue_number_glues_the_shown_value_and_returns_none(monkeypatch):
+    # None, so that a cell ending with it shows no stray number on the page
+    glued = {}
+    monkeypatch.setattr(prose, "glue", lambda name, value, display=True: glued.update({name: (value, display)}))
+    assert glue_number("a", 0.123456, ".2f") is None and glue_number("n", np.int64(7), None) is None
+    assert glued == {"a": (0.12, False), "n": (7, False)} and type(glued["n"][0]) is int

@@ -82,12 +82,13 @@ def glue(name: str, value, display: bool = True) -> None:
     myst_glue(name, value, display=display)
 
 
-def glue_number(name: str, value, fmt: str | None):
-    """Glue ``value`` under ``name`` for the prose, rounded to what ``fmt`` shows; return it.
+def glue_number(name: str, value, fmt: str | None) -> None:
+    """Glue ``value`` under ``name`` for the prose, rounded to what ``fmt`` shows.
 
     Use the finest format with which the text shows ``name``. With ``fmt=None``
     (the text shows the value as it is) a float is kept to 6 significant digits.
-    Integers, strings and other non-float values are glued unchanged.
+    Integers, strings and other non-float values are glued unchanged. Returns
+    None, like myst-nb's ``glue``, so a cell that ends with it shows nothing.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: expected a non-empty string, got {name!r}")
@@ -96,16 +97,16 @@ def glue_number(name: str, value, fmt: str | None):
     elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
         value = int(value)
     glue(name, value, display=False)
-    return value
 
 
-def glue_bound(name: str, error, bound: float = ROUNDING_LEVEL) -> float:
+def glue_bound(name: str, error, bound: float = ROUNDING_LEVEL) -> None:
     """Check ``error < bound`` and glue ``bound`` under ``name``, for the text's "below ..." claims.
 
     An error at rounding level has digits that depend on the processor and the
     BLAS kernel; the bound does not. Raises ``AssertionError`` (showing the
     error) if the error is not below the bound, so the claim in the text fails
-    loudly instead of silently becoming false.
+    loudly instead of silently becoming false. Returns None, like
+    :func:`glue_number`.
     """
     err = float(error)
     b = float(bound)
@@ -114,7 +115,6 @@ def glue_bound(name: str, error, bound: float = ROUNDING_LEVEL) -> float:
     if not err < b:
         raise AssertionError(f"{name}: the error {err:.3e} is not below the stated bound {b:.0e}")
     glue(name, b, display=False)
-    return b
 
 
 def below(error, bound: float = ROUNDING_LEVEL) -> str:
