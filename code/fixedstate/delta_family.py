@@ -363,13 +363,7 @@ def _rwkv7_chunks(q, k, v, log_w, a, b, S, scale, chunk_size):
     n = max(1, -(-T // C))
 
     def chunks(x, fill=0.0):
-        """(B, T, d) -> (B, n, C2, d): n chunks of C tokens each, padded to C2 with ``fill``."""
-        out = np.full((B, n, C2, x.shape[-1]), fill, dtype=dtype)
-        full = (T // C) * C
-        out[:, :T // C, :C] = x[:, :full].reshape(B, T // C, C, x.shape[-1])
-        if full < T:
-            out[:, -1, :T - full] = x[:, full:]
-        return out
+        return _dr._split_chunks(x, fill, chunk_size=C)
 
     # Padding tokens have q = k = v = a = b = 0 and decay 1: they leave the state unchanged.
     qc, kc, vc, ac, bc = (chunks(x) for x in (q, k, v, a, b))

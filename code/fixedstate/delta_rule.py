@@ -60,6 +60,7 @@ models avoid it by L2-normalising keys.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -666,6 +667,26 @@ _GROUP_BYTES = 256 * 1024
 _RANGE_BYTES = 8 * 1024 * 1024
 
 
+def _split_chunks(x, fill=0.0, *, chunk_size):
+    """``x`` (B, T, ...) as (B, n, C2, ...): n = ceil(T / C) chunks of C = ``chunk_size`` tokens, each padded
+    with ``fill`` to C2, C rounded up to a power of two (a view when no padding is needed).
+
+    The chunkwise forms pad with tokens that change nothing (key 0, decay 1).
+    """
+    B, T = x.shape[:2]
+    C = chunk_size
+    C2 = 1 << (C - 1).bit_length()
+    n = max(1, -(-T // C))
+    if n * C == T and C2 == C:
+        return x.reshape((B, n, C) + x.shape[2:])
+    out = np.full((B, n, C2) + x.shape[2:], fill, dtype=x.dtype)
+    full = (T // C) * C
+    out[:, :T // C, :C] = x[:, :full].reshape((B, T // C, C) + x.shape[2:])
+    if full < T:
+        out[:, -1, :T - full] = x[:, full:]
+    return out
+
+
 @one_blas_thread
 def _chunkwise(q, k, v, beta, log_gate, S, scale, chunk_size, channelwise):
     """q, k, v: (B, T, d); beta: (B, T); log_gate: (B, T[, d_k]) or None; S: (B, d_k, d_v) or None."""
@@ -676,16 +697,7 @@ def _chunkwise(q, k, v, beta, log_gate, S, scale, chunk_size, channelwise):
     C2 = 1 << (C - 1).bit_length()                  # C rounded up to a power of two
     n = max(1, -(-T // C))
 
-    def chunks(x, fill=0.0):
-        """(B, T, ...) -> (B, n, C2, ...): n chunks of C tokens, each padded to C2 with ``fill``."""
-        if n * C == T and C2 == C:
-            return x.reshape((B, n, C) + x.shape[2:])
-        out = np.full((B, n, C2) + x.shape[2:], fill, dtype=dtype)
-        full = (T // C) * C
-        out[:, :T // C, :C] = x[:, :full].reshape((B, T // C, C) + x.shape[2:])
-        if full < T:
-            out[:, -1, :T - full] = x[:, full:]
-        return out
+    chunks = functools.partial(_split_chunks, chunk_size=C)
 
     # Padding tokens have key 0, beta 0 and decay 1: they leave the state unchanged.
     qc, kc, vc = chunks(q), chunks(k), chunks(v)

@@ -68,6 +68,7 @@ from ._validate import (Arg, as_float_array, as_float_batch, check_log_gate, che
                         prepare_layer_args)
 from .delta_rule import _chunk_decays   # KDA's overflow-safe per-channel pair products, shared with GLA
 from .delta_rule import _flat           # merges the leading axes into one
+from .delta_rule import _split_chunks   # the chunks of a sequence, padded with tokens that change nothing
 
 __all__ = [
     "gla_step", "gla_recurrent", "gla_chunkwise", "gla_loop", "gla_chunk",
@@ -223,14 +224,7 @@ def _chunkwise(q, k, v, log_gate, S, scale, chunk_size):
 
     def chunks(x, fill=0.0):
         """(B, T, d) -> (B * n, C2, d): n chunks of C tokens, each padded to C2 with ``fill``."""
-        if n * C == T and C2 == C:
-            return np.ascontiguousarray(x).reshape(N, C2, x.shape[-1])
-        out = np.full((B, n, C2, x.shape[-1]), fill, dtype=dtype)
-        full = (T // C) * C
-        out[:, :T // C, :C] = x[:, :full].reshape(B, T // C, C, x.shape[-1])
-        if full < T:
-            out[:, -1, :T - full] = x[:, full:]
-        return out.reshape(N, C2, x.shape[-1])
+        return _split_chunks(np.ascontiguousarray(x), fill, chunk_size=C).reshape(N, C2, x.shape[-1])
 
     # Padding tokens have q = k = 0 and decay 1: they neither write nor read nor decay.
     qc, kc, vc = chunks(q), chunks(k), chunks(v)
