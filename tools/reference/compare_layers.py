@@ -23,7 +23,10 @@ output; the tolerance, float32 level, is 1e-5.
 
 Writes a JSON file with the table and its provenance (versions, date, command,
 commit, machine, time taken) and exits 1 if any comparison is outside its
-tolerance.
+tolerance. ``make test-reference`` writes it under ``_build/`` and, with
+``--stored``, also exits 1 when the tracked table the appendix shows makes other
+comparisons than this run (see ``stored_table.py``): the run leaves the work tree
+as committed. ``make update-reference`` rewrites the tracked table.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from transformers.models.mamba2 import modeling_mamba2 as mamba2  # noqa: E402
 from transformers.models.qwen3_next import modeling_qwen3_next as qwen  # noqa: E402
 
 from fixedstate import blocks, delta_rule, layers, ssm  # noqa: E402
+from stored_table import stale_rows  # noqa: E402  (this folder is on sys.path as the script's own)
 
 TOLERANCE = 1e-5
 BATCH, T, T_PREFILL = 2, 100, 70        # 100 tokens: two library chunks of 64, the second padded
@@ -287,7 +291,10 @@ def cpu_model() -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(ROOT / "results" / "reference_equivalence.json"))
+    parser.add_argument("--out", default=str(ROOT / "_build" / "reference" / "reference_equivalence.json"))
+    parser.add_argument("--stored", default=None,
+                        help="the tracked table to check against (fails when it makes other comparisons)")
+    parser.add_argument("--command", default="make test-reference", help="recorded as the table's command")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
@@ -306,7 +313,7 @@ def main(argv=None) -> int:
     result = {
         "title": "The book's layers and cores against transformers' (same weights in)",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "make test-reference",
+        "command": args.command,
         "commit": git("rev-parse", "--short=12", "HEAD") + (" (with uncommitted changes)" if dirty else ""),
         "machine": {"system": f"{platform.system()} {platform.machine()}", "cpu": cpu_model(),
                     "cores": os.cpu_count(), "torch_threads": torch.get_num_threads()},
@@ -332,7 +339,18 @@ def main(argv=None) -> int:
               f"{r['tolerance']:>9.0e}  {'yes' if r['passed'] else 'NO'}")
     print(f"transformers {versions['transformers']}, torch {versions['torch']}, numpy {versions['numpy']}; "
           f"{seconds:.1f} s; written to {out}")
-    return 0 if all(r["passed"] for r in rows) else 1
+    ok = all(r["passed"] for r in rows)
+    if args.stored:
+        reasons = stale_rows(rows, json.loads(Path(args.stored).read_text())["rows"])
+        for reason in reasons:
+            print(f"stored table {args.stored}: {reason}")
+        if reasons:
+            print("The stored table is stale: run make update-reference and commit it.")
+        else:
+            print(f"The stored table {args.stored} makes the same comparisons, each within tolerance; "
+                  "left as committed.")
+        ok = ok and not reasons
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
