@@ -102,6 +102,23 @@ def test_short_conv_backward_matches_finite_differences(lead, T, d, K, seed, wit
     assert check(f, inputs, backward) <= BOUND
 
 
+@pytest.mark.parametrize("x_lead, state_lead", [((2, 3), (3,)), ((), (2,)), ((2, 1), (1, 3)), ((2,), (1,))])
+def test_short_conv_backward_gives_each_gradient_its_input_shape(x_lead, state_lead):
+    """x and initial_state broadcast against each other; each gradient is summed back to its input's shape."""
+    rng = np.random.default_rng(7)
+    T, d, K = 5, 2, 3
+    x, w = rng.standard_normal(x_lead + (T, d)), rng.standard_normal((d, K))
+    state = rng.standard_normal(state_lead + (K - 1, d))
+    inputs = {"x": x, "weight": w, "initial_state": state}
+
+    def backward(d_y, d_state):
+        dx, dw, _, ds = bl.short_conv_backward(x, w, d_y, initial_state=state, d_final_state=d_state)
+        assert dx.shape == x.shape and ds.shape == state.shape
+        return {"x": dx, "weight": dw, "initial_state": ds}
+
+    assert check(lambda **kw: bl.short_conv(**kw), inputs, backward) <= BOUND
+
+
 def test_embedding_backward_sums_over_repeated_tokens():
     rng = np.random.default_rng(0)
     tokens = np.array([[1, 3, 1], [0, 1, 4]])

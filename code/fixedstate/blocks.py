@@ -41,6 +41,7 @@ import numbers
 import numpy as np
 from scipy.special import expit
 
+from ._grad import sum_to
 from ._validate import as_float_array, broadcast_leading, check_dim
 
 __all__ = [
@@ -513,10 +514,13 @@ def short_conv_backward(x, weight, d_y, *, initial_state=None, bias=None, d_fina
 
     Returns
     -------
-    dx ``(..., T, d)`` (the broadcast leading axes), dweight ``(d, K)``,
-    dbias ``(d,)`` (None when ``bias`` is None), d_initial_state ``(..., K-1, d)``
+    dx with the shape of ``x``, dweight ``(d, K)``, dbias ``(d,)`` (None when ``bias``
+    is None), d_initial_state with the shape of ``initial_state`` (when it is None: the
+    leading axes of ``x``, ``(..., K-1, d)``)
     """
     y, conv_state = short_conv(x, weight, initial_state=initial_state, bias=bias)
+    x_shape = np.shape(x)
+    state_shape = None if initial_state is None else np.shape(initial_state)
     x, w, state, _ = _conv_args(x, weight, initial_state, bias, token=False)
     K, T = w.shape[1], x.shape[-2]
     g = _grad(d_y, "d_y", y.shape)
@@ -529,7 +533,12 @@ def short_conv_backward(x, weight, d_y, *, initial_state=None, bias=None, d_fina
         d_padded[..., j:j + T, :] += w[:, j] * g
         dweight[:, j] = _rows(g * padded[..., j:j + T, :]).sum(axis=0)
     dbias = None if bias is None else _rows(g).sum(axis=0)
-    return d_padded[..., K - 1:, :], dweight, dbias, d_padded[..., :K - 1, :]
+    dx, d_state = d_padded[..., K - 1:, :], d_padded[..., :K - 1, :]
+    # Each gradient has its input's shape: summed over the axes the forward broadcast it along.
+    dx = sum_to(dx, x_shape)
+    if state_shape is not None:
+        d_state = sum_to(d_state, state_shape)
+    return dx, dweight, dbias, d_state
 
 
 def short_conv_step(x, weight, *, initial_state=None, bias=None):
