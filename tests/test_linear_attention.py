@@ -203,6 +203,24 @@ def test_float32_in_float32_out(name, normalize, low):
         _close(o32.astype(np.float64), o64, rtol=1e-5)
 
 
+def test_feature_maps_kernels_and_linformer_keep_the_precision_rule():
+    """Every function of the module, not only the recurrent forms: float16 in gives float32 out."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 4))
+    w = la.draw_favor_projection(4, 8, rng)
+    proj = la.draw_linformer_projection(6, 3, rng)
+    calls = {
+        "elu_plus_one": lambda a: la.elu_plus_one(a),
+        "identity_feature_map": lambda a: la.identity_feature_map(a),
+        "softmax_kernel": lambda a: la.softmax_kernel(a, a),
+        "favor_plus_features": lambda a: la.favor_plus_features(a, w.astype(a.dtype)),
+        "linformer_attention": lambda a: la.linformer_attention(a, a, a, proj.astype(a.dtype), proj.astype(a.dtype)),
+    }
+    for name, call in calls.items():
+        for low, want in ((np.float16, np.float32), (np.float32, np.float32), (np.float64, np.float64)):
+            assert call(x.astype(low)).dtype == want, (name, low)
+
+
 def test_favor_features_with_other_width_agree_across_forms():
     rng = np.random.default_rng(5)
     q, k, v = (0.5 * a for a in _data(5, 13, 4, 3))

@@ -39,8 +39,9 @@ def as_float_array(x, name: str, *, ndim: int | tuple[int, ...] | None = None,
                    shape: tuple | None = None, allow_nonfinite: bool = False) -> np.ndarray:
     """Return ``x`` as a floating-point numpy array, or raise ``ValueError``.
 
-    Integer and boolean-free real input is converted to float64; float32 and
-    float64 arrays keep their dtype. Complex, boolean, object and string input
+    Integer input is converted to float64, float16 to float32 (the package's
+    precision rule, as in :func:`float_dtype`); float32 and float64 arrays keep
+    their dtype. Complex, boolean, object and string input
     is refused, as are NaN and infinity unless ``allow_nonfinite``.
 
     ``ndim`` is the required number of axes (an int or a tuple of allowed
@@ -59,6 +60,8 @@ def as_float_array(x, name: str, *, ndim: int | tuple[int, ...] | None = None,
                          f"got dtype {arr.dtype}")
     if arr.dtype.kind in "iu":
         arr = arr.astype(np.float64)
+    elif arr.dtype == np.float16:                     # the package's precision rule: float16 computes in float32
+        arr = arr.astype(np.float32)
     elif arr.dtype not in (np.float32, np.float64):
         arr = arr.astype(np.float64)
     if ndim is not None:

@@ -30,6 +30,8 @@ identity-feature-map recurrence, optionally with a scalar gate per token
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._grad import sum_to, time_major
@@ -361,7 +363,7 @@ def favor_plus_features(x, projection):
     w = as_float_array(projection, "projection", ndim=2)
     check_dim(w, "projection", 1, arr.shape[-1], "d, the width of x")
     sq = 0.5 * np.sum(arr * arr, axis=-1, keepdims=True)
-    return np.exp(arr @ w.T - sq) / np.sqrt(w.shape[0])
+    return np.exp(arr @ w.T - sq) / math.sqrt(w.shape[0])   # a Python float keeps float32 float32
 
 
 # ---------------------------------------------------------------- Linformer
