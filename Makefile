@@ -19,6 +19,7 @@ NOTEBOOKS = $(sort $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipy
 help:
 	@echo "make book          build the HTML book into _build/html"
 	@echo "make test          run the whole test suite (unit tests, nbval, strict build, browser, student edition)"
+	@echo "make test-quick    the inner loop: unit tests (a tenth of the hypothesis examples), nbval on notebooks changed since main"
 	@echo "make lab           open JupyterLab on the book with the package importable"
 	@echo "make execute       re-execute every notebook in place from a clean kernel"
 	@echo "make bench         time the chunkwise delta rule against the recurrence and the GEMM limit"
@@ -72,6 +73,12 @@ kit-test: $(STAMP)
 test: $(STAMP) $(ASSET_STAMP)
 	bash tools/system_deps.sh npm chromium
 	bash tools/run_tests.sh
+
+# The inner loop before a commit (about a minute): the unit tests with a tenth of the hypothesis
+# examples, and nbval on the notebooks changed since main. make test stays the full suite.
+.PHONY: test-quick
+test-quick: $(STAMP)
+	bash tools/test_quick.sh
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -q -m "not browser and not build and not kit"

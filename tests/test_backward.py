@@ -24,7 +24,9 @@ Properties:
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
+
+from _examples import examples
 
 from fixedstate import delta_rule as dr
 from fixedstate import gradcheck as gc
@@ -32,7 +34,7 @@ from fixedstate import linear_attention as la
 from fixedstate import softmax_attention as sa
 from fixedstate import ssm
 
-SETTINGS = settings(max_examples=12, deadline=None)
+SETTINGS = examples(12)
 TOL = 1e-6
 # step 1e-5, not gradcheck's 1e-6: it balances the rounding of the two evaluations (about 1e-16 |L| / h) against
 # the truncation (about h^2), so that an input whose gradient is small by chance (one token, one channel) is still

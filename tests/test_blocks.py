@@ -2,12 +2,14 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from _examples import examples
 
 from fixedstate import blocks as bl
 
-FAST = settings(max_examples=30, deadline=None)
+FAST = examples(30)
 leading_shapes = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)
 
 

@@ -98,6 +98,22 @@ def open_page(browser, path):
     return context, page, log
 
 
+def page_params(paths):
+    """One parameter per page, grouped for pytest-xdist: a page's tests run on one worker, one after another."""
+    return [pytest.param(p, id=p.relative_to(SITE).as_posix(),
+                         marks=pytest.mark.xdist_group(p.relative_to(SITE).as_posix())) for p in paths]
+
+
+@pytest.fixture(scope="module")
+def loaded(browser, request):
+    """The page opened once for all the tests that look at it (pytest runs them together: the
+    parameter is module-scoped). The load test runs first, on the page as loaded; the slider
+    test then moves the sliders; the equation test measures widths, which sliders do not change."""
+    context, page, log = open_page(browser, request.param)
+    yield page, log
+    context.close()
+
+
 UNRENDERED_MATH = """() => Array.from(document.querySelectorAll('.math'))
     .filter(el => !el.querySelector('mjx-container')).map(el => el.textContent.slice(0, 60))"""
 
@@ -109,18 +125,15 @@ UNRENDERED_WIDGETS = """() => Array.from(document.querySelectorAll(
     .length"""
 
 
-@pytest.mark.parametrize("path", pages(), ids=lambda p: p.relative_to(SITE).as_posix())
-def test_page_loads_offline_with_everything_rendered(browser, path):
-    context, page, log = open_page(browser, path)
-    try:
-        assert not log.foreign, f"requests to other hosts: {log.foreign[:5]}"
-        assert not log.failed, f"failed requests: {log.failed[:5]}"
-        assert not log.errors, f"console errors: {log.errors[:5]}"
-        unrendered = page.evaluate(UNRENDERED_MATH)
-        assert not unrendered, f"{len(unrendered)} formulas not rendered by MathJax, e.g. {unrendered[:3]}"
-        assert page.evaluate(UNRENDERED_WIDGETS) == 0, "a widget view was not rendered"
-    finally:
-        context.close()
+@pytest.mark.parametrize("loaded", page_params(pages()), indirect=True, scope="module")
+def test_page_loads_offline_with_everything_rendered(loaded):
+    page, log = loaded
+    assert not log.foreign, f"requests to other hosts: {log.foreign[:5]}"
+    assert not log.failed, f"failed requests: {log.failed[:5]}"
+    assert not log.errors, f"console errors: {log.errors[:5]}"
+    unrendered = page.evaluate(UNRENDERED_MATH)
+    assert not unrendered, f"{len(unrendered)} formulas not rendered by MathJax, e.g. {unrendered[:3]}"
+    assert page.evaluate(UNRENDERED_WIDGETS) == 0, "a widget view was not rendered"
 
 
 VISIBLE_PICTURES = """(root) => Array.from(root.querySelectorAll('img'))
@@ -138,36 +151,34 @@ def interactive_pages():
     return [p for p in pages() if "application/vnd.jupyter.widget-view+json" in p.read_text()]
 
 
-@pytest.mark.parametrize("path", interactive_pages(), ids=lambda p: p.relative_to(SITE).as_posix())
-def test_every_slider_changes_its_figure_without_a_kernel(browser, path):
-    context, page, log = open_page(browser, path)
-    try:
-        figures = figures_on(page)
-        assert figures, "the page stores widgets but no interactive figure rendered"
-        for box in figures:
-            box.scroll_into_view_if_needed()
-            handles = box.locator(".noUi-handle").all()
-            for i, handle in enumerate(handles):
-                before = box.evaluate(VISIBLE_PICTURES)
-                assert len(before) == 1, f"expected one visible picture in the figure, saw {len(before)}"
-                handle.focus()
-                key = "ArrowLeft" if handle.get_attribute("aria-valuenow") == handle.get_attribute(
-                    "aria-valuemax") else "ArrowRight"
-                handle.press(key)
-                page.wait_for_timeout(150)
-                after = box.evaluate(VISIBLE_PICTURES)
-                assert after != before, f"moving slider {i} did not change the figure"
-            for row in box.locator(".widget-toggle-buttons").all():
-                buttons = row.locator("button").all()
-                before = box.evaluate(VISIBLE_PICTURES)
-                target = next(b for b in buttons if "mod-active" not in (b.get_attribute("class") or ""))
-                target.click()
-                page.wait_for_timeout(150)
-                after = box.evaluate(VISIBLE_PICTURES)
-                assert after != before, "clicking a button of the figure did not change it"
-        assert not log.errors, f"console errors while moving sliders: {log.errors[:5]}"
-    finally:
-        context.close()
+@pytest.mark.parametrize("loaded", page_params(interactive_pages()), indirect=True, scope="module")
+def test_every_slider_changes_its_figure_without_a_kernel(loaded):
+    page, log = loaded
+    n_errors = len(log.errors)                    # errors at load are the load test's to report
+    figures = figures_on(page)
+    assert figures, "the page stores widgets but no interactive figure rendered"
+    for box in figures:
+        box.scroll_into_view_if_needed()
+        handles = box.locator(".noUi-handle").all()
+        for i, handle in enumerate(handles):
+            before = box.evaluate(VISIBLE_PICTURES)
+            assert len(before) == 1, f"expected one visible picture in the figure, saw {len(before)}"
+            handle.focus()
+            key = "ArrowLeft" if handle.get_attribute("aria-valuenow") == handle.get_attribute(
+                "aria-valuemax") else "ArrowRight"
+            handle.press(key)
+            page.wait_for_timeout(150)
+            after = box.evaluate(VISIBLE_PICTURES)
+            assert after != before, f"moving slider {i} did not change the figure"
+        for row in box.locator(".widget-toggle-buttons").all():
+            buttons = row.locator("button").all()
+            before = box.evaluate(VISIBLE_PICTURES)
+            target = next(b for b in buttons if "mod-active" not in (b.get_attribute("class") or ""))
+            target.click()
+            page.wait_for_timeout(150)
+            after = box.evaluate(VISIBLE_PICTURES)
+            assert after != before, "clicking a button of the figure did not change it"
+    assert not log.errors[n_errors:], f"console errors while moving sliders: {log.errors[n_errors:][:5]}"
 
 
 WIDE_EQUATIONS = """() => {
@@ -185,8 +196,8 @@ def text_pages():
     return [p for p in pages() if p.relative_to(SITE).parts[0] in {"chapters", "appendix", "exercises", "solutions"}]
 
 
-@pytest.mark.parametrize("path", text_pages(), ids=lambda p: p.relative_to(SITE).as_posix())
-def test_display_equations_fit_the_column(browser, path):
+@pytest.mark.parametrize("loaded", page_params(text_pages()), indirect=True, scope="module")
+def test_display_equations_fit_the_column(loaded):
     """At a 1200 px wide window every display equation fits its own box.
 
     The box (the MathJax container) is narrower than the article column: the
@@ -195,10 +206,7 @@ def test_display_equations_fit_the_column(browser, path):
     book's CSS) need sideways scrolling on a desktop screen: such an equation is
     to be broken into lines (``aligned``) in the notebook's markdown.
     """
-    context, page, log = open_page(browser, path)
-    try:
-        wide = page.evaluate(WIDE_EQUATIONS)
-        assert not wide, ("display equations wider than their box (label, width px, box px): "
-                          f"{wide}")
-    finally:
-        context.close()
+    page, _ = loaded
+    wide = page.evaluate(WIDE_EQUATIONS)
+    assert not wide, ("display equations wider than their box (label, width px, box px): "
+                      f"{wide}")

@@ -15,11 +15,13 @@ Properties from the chapters:
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
+
+from _examples import examples
 
 from fixedstate import costs
 
-SETTINGS = settings(max_examples=50, deadline=None)
+SETTINGS = examples(50)
 
 
 def _matmul_flops(a_shape, b_shape):

@@ -10,13 +10,15 @@ strings, and the diagonal positive-decay layer's limit.
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
+
+from _examples import examples
 
 from fixedstate import delta_family as df
 from fixedstate import delta_rule as dr
 from fixedstate import gated_linear_attention as gla
 
-SETTINGS = settings(max_examples=40, deadline=None)
+SETTINGS = examples(40)
 
 
 def rel_err(a, b):
@@ -226,7 +228,7 @@ def rwkv7_inputs(rng, lead, T, d_k, d_v, *, like_rwkv7=True, log_w_min=None):
     return q, k, v, dict(log_w=log_w, a=a, b=b)
 
 
-@settings(max_examples=150, deadline=None)
+@examples(150)
 @given(T=st.integers(1, 140), d_k=st.integers(1, 6), d_v=st.integers(1, 5),
        lead=st.sampled_from([(), (2,), (2, 3)]), chunk=st.sampled_from([1, 3, 8, 16, 64]),
        with_init=st.booleans(), like_rwkv7=st.booleans(), seed=st.integers(0, 10_000))

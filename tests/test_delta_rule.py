@@ -9,7 +9,9 @@ import numpy as np
 
 from _shapes import thin
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
+
+from _examples import examples
 
 from fixedstate import delta_rule as dr
 
@@ -142,7 +144,7 @@ def test_forms_agree_with_gates_near_zero_and_exactly_one(layer, gate_value):
         assert rel_err(o_chk, o_ref) <= 1e-12 and rel_err(s_chk, s_ref) <= 1e-12
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(layer=st.sampled_from(LAYERS), T=st.integers(1, 40), d_k=st.integers(1, 6), d_v=st.integers(1, 5),
        chunk=st.integers(1, 20), seed=st.integers(0, 2**31 - 1), with_state=st.booleans())
 def test_forms_agree_hypothesis(layer, T, d_k, d_v, chunk, seed, with_state):
@@ -192,7 +194,7 @@ def _loop_over_items(layer, q, k, v, beta, lg, s0, lead, **kw):
     return out, state
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(layer=st.sampled_from(LAYERS), lead=st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple),
        T=st.integers(1, 19), chunk=st.integers(1, 8), seed=st.integers(0, 2**31 - 1),
        masks=st.lists(st.lists(st.booleans(), min_size=3, max_size=3), min_size=6, max_size=6),

@@ -9,13 +9,15 @@ rest of the package.
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
+
+from _examples import examples
 
 from fixedstate import delta_rule as dr
 from fixedstate import gated_linear_attention as gla
 from fixedstate import ssm
 
-SETTINGS = settings(max_examples=40, deadline=None)
+SETTINGS = examples(40)
 
 
 def rel_err(a, b):

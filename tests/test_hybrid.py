@@ -4,11 +4,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
+
+from _examples import examples
 
 from fixedstate import hybrid as hy
 
-FAST = settings(max_examples=40, deadline=None)
+FAST = examples(40)
 
 
 def small_config(**overrides):
@@ -227,7 +229,7 @@ def test_all_attention_twin_scales_the_context_term_by_the_cache():
 
 # --- the toy stack: the decode step is the same computation as the forward pass --------------
 
-@settings(max_examples=15, deadline=None)
+@examples(15)
 @given(T=st.integers(1, 30), chunk=st.sampled_from([1, 4, 7, 16]), seed=st.integers(0, 10**6),
        layout=st.sampled_from(["hybrid", "attention", "linear"]), d_ff=st.sampled_from([0, 24]))
 def test_decode_steps_equal_the_forward_pass(T, chunk, seed, layout, d_ff):
@@ -276,7 +278,7 @@ def reference_stack_forward(params, x, chunk_size):
     return x
 
 
-@settings(max_examples=10, deadline=None)
+@examples(10)
 @given(T=st.integers(1, 20), chunk=st.sampled_from([1, 4, 16]), seed=st.integers(0, 10**6),
        layout=st.sampled_from(["hybrid", "attention", "linear"]), d_ff=st.sampled_from([0, 24]))
 def test_heads_in_one_call_equal_a_loop_over_heads(T, chunk, seed, layout, d_ff):

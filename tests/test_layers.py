@@ -12,12 +12,14 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from _examples import examples
 
 from fixedstate import layers as L
 
-FAST = settings(max_examples=25, deadline=None)
+FAST = examples(25)
 leading_shapes = st.lists(st.integers(1, 2), min_size=0, max_size=2).map(tuple)
 
 
@@ -256,7 +258,7 @@ REFERENCES = {"gdn": gdn_reference, "kda": kda_reference, "mamba": mamba_referen
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
-@settings(max_examples=15, deadline=None)
+@examples(15)
 @given(data=st.data(), T=st.integers(1, 11), seed=st.integers(0, 10**6))
 def test_each_layer_is_its_equations_token_by_token(name, data, T, seed):
     configs, init, f, _ = LAYERS[name]

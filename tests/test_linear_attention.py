@@ -23,12 +23,14 @@ import numpy as np
 
 from _shapes import thin
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
+
+from _examples import examples
 
 from fixedstate import linear_attention as la
 from fixedstate import softmax_attention as sa
 
-SETTINGS = settings(max_examples=50, deadline=None)
+SETTINGS = examples(50)
 RTOL = 1e-12
 FORMS = ("parallel", "recurrent", "chunkwise")
 
@@ -154,7 +156,7 @@ def test_step_does_not_modify_inputs():
 
 # ---------------------------------------------------------------- leading axes
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(lead=st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple), t=st.integers(1, 9),
        chunk=st.integers(1, 4), normalize=st.booleans(), seed=st.integers(0, 10**6),
        masks=st.lists(st.lists(st.booleans(), min_size=3, max_size=3), min_size=4, max_size=4),

@@ -2,15 +2,17 @@
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
+
+from _examples import examples
 
 from fixedstate import recall as rc
 from fixedstate.delta_rule import delta_rule_recurrent, gated_delta_rule_recurrent
 from fixedstate.linear_attention import identity_feature_map, linear_attention_recurrent
 from fixedstate.softmax_attention import softmax_attention
 
-FAST = settings(max_examples=40, deadline=None)
+FAST = examples(40)
 
 
 def rel(a, b):

@@ -20,11 +20,13 @@ import numpy as np
 
 from _shapes import thin
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
+
+from _examples import examples
 
 from fixedstate import softmax_attention as sa
 
-SETTINGS = settings(max_examples=40, deadline=None)
+SETTINGS = examples(40)
 
 
 def _scalar_loop(q, k, v, scale):
@@ -204,7 +206,7 @@ def test_large_scores_do_not_overflow():
 
 # ---------------------------------------------------------------- leading axes
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(lead=st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple), t=st.integers(1, 6),
        n=st.integers(0, 4), seed=st.integers(0, 10**6),
        masks=st.lists(st.lists(st.booleans(), min_size=3, max_size=3), min_size=4, max_size=4),

@@ -7,12 +7,14 @@ import functools
 import numpy as np
 import pytest
 import scipy.linalg
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
+
+from _examples import examples
 
 from fixedstate import ssm
 from fixedstate.blocks import softplus
 
-SETTINGS = settings(max_examples=40, deadline=None)
+SETTINGS = examples(40)
 
 
 def rel_err(a, b):
@@ -800,7 +802,7 @@ def _lead_of(*pairs):
     return np.broadcast_shapes(*(np.shape(a)[:np.ndim(a) - k] for a, k in pairs if a is not None))
 
 
-BATCH_SETTINGS = settings(max_examples=30, deadline=None)
+BATCH_SETTINGS = examples(30)
 
 
 @BATCH_SETTINGS

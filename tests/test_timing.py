@@ -3,8 +3,10 @@
 import numpy as np
 import pytest
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from _examples import examples
 
 from fixedstate import delta_rule as dr
 from fixedstate import hybrid as hy
@@ -86,7 +88,7 @@ def test_gemm_rate_and_chunkwise_table():
     assert len(text.splitlines()) == 5 and "GEMM limit ms" in text and "default" in text and "prod/limit" in text
 
 
-@settings(max_examples=25, deadline=None)
+@examples(25)
 @given(layer=st.sampled_from(["delta", "gated", "kda"]), T=st.integers(1, 70), d_k=st.integers(1, 9),
        d_v=st.integers(1, 9), chunk=st.sampled_from([1, 3, 8, 16]), lead=st.sampled_from([(), (2,), (2, 3)]),
        dtype=st.sampled_from([np.float32, np.float64]))

@@ -12,14 +12,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from _examples import examples
 
 from fixedstate import blocks as bl
 from fixedstate import gradcheck as gc
 from fixedstate import training as tr
 
-FAST = settings(max_examples=15, deadline=None)
+FAST = examples(15)
 BOUND = 1e-6
 ROOT = Path(__file__).resolve().parent.parent
 leading = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)

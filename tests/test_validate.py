@@ -8,8 +8,10 @@ broadcast, one dtype, and the options of the one-token and reference forms.
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from _examples import examples
 
 from fixedstate import delta_family as fam
 from fixedstate import delta_rule as dr
@@ -22,7 +24,7 @@ def _args(q, k, v, g=None):
             Arg("log_gate", g, ("T",), check_log_gate, allow_nonfinite=True)]
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(lead_q=st.sampled_from([(), (3,), (2, 3)]), lead_k=st.sampled_from([(), (3,), (1, 3)]),
        T=st.integers(1, 5), d_k=st.integers(1, 4), d_v=st.integers(1, 4), with_state=st.booleans())
 def test_leading_axes_broadcast_and_every_array_gets_them(lead_q, lead_k, T, d_k, d_v, with_state):
