@@ -38,6 +38,9 @@ Contents:
   of candidate values (nearest by cosine), optionally through a feature map.
 - :func:`make_mqar`, :func:`mqar_answers`, :func:`score_mqar`: the multi-query
   associative recall task of Zoology (Arora et al., 2024).
+- :func:`no_retrieval_accuracy`, :func:`no_retrieval_score`: what MQAR gives away
+  without retrieval, the accuracy of the best predictor that never links a key to
+  its value (``eq-tr-no-retrieval``), exactly over the task's draws or on a batch.
 - :func:`lab_n_values`, :func:`lab_update` (:func:`lab_experiment` and
   :func:`lab_curves`): what the chapter's sliders recompute
   (drawn by :mod:`fixedstate.figures.recall`, timed by
@@ -51,6 +54,7 @@ chapter's sliders show; the cores take log-decays, so every call passes
 from __future__ import annotations
 
 import numbers
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -81,6 +85,9 @@ __all__ = [
     "MQARBatch",
     "mqar_answers",
     "score_mqar",
+    "NO_RETRIEVAL_STRATEGIES",
+    "no_retrieval_accuracy",
+    "no_retrieval_score",
     "vocabulary_recall",
     "lab_n_values",
     "lab_experiment",
@@ -867,6 +874,140 @@ def score_mqar(predictions, targets) -> float:
     if not np.any(mask):
         raise ValueError("targets: expected at least one query position (a target >= 0), got none")
     return float(np.mean(p[mask] == t[mask]))
+
+
+# ----------------------------------------------------------------------------
+# what MQAR gives away without retrieval: the best predictor that never links a key to its value
+# ----------------------------------------------------------------------------
+
+NO_RETRIEVAL_STRATEGIES = ("most_frequent", "uniform_remaining", "uniform_context")
+
+
+def _mqar_sizes(vocab_size, n_pairs, n_queries):
+    """Validated ``(n_values, n_pairs, n_queries)`` for :func:`make_mqar`'s arguments."""
+    vocab = check_positive_int(vocab_size, "vocab_size", minimum=3)
+    n = check_positive_int(n_pairs, "n_pairs")
+    m = n if n_queries is None else check_positive_int(n_queries, "n_queries")
+    n_keys = (vocab - 1) // 2
+    if n > n_keys:
+        raise ValueError(f"n_pairs: expected at most {n_keys} pairs, the number of distinct key tokens "
+                         f"in a vocabulary of {vocab}, got {n}")
+    if m > n:
+        raise ValueError(f"n_queries: expected at most n_pairs = {n} (each key is queried once), got {m}")
+    return vocab - 1 - n_keys, n, m
+
+
+def _mean_largest_count(r, n_values) -> float:
+    """The expected largest number of times one value occurs among ``r`` values drawn uniformly
+    and independently from ``n_values``.
+
+    ``P(largest count <= c) = r! [x^r] (sum_{i <= c} (x / n_values)^i / i!)^n_values``: the
+    number of sequences in which no value occurs more than ``c`` times, over ``n_values^r``.
+    The power is taken by repeated squaring of polynomials cut at degree ``r``; every
+    coefficient is positive, so the result is exact to a few units of rounding.
+    """
+    expected = 0.0
+    for c in range(r):                      # E[largest] = sum over c >= 0 of P(largest > c)
+        base = np.zeros(r + 1)
+        i = np.arange(min(c, r) + 1)
+        base[i] = np.exp(-i * np.log(n_values) - np.array([math.lgamma(k + 1) for k in i]))
+        power, e = np.eye(1, r + 1)[0], n_values
+        while e:
+            if e & 1:
+                power = np.convolve(power, base)[:r + 1]
+            e >>= 1
+            if e:
+                base = np.convolve(base, base)[:r + 1]
+        expected += 1.0 - power[r] * math.exp(math.lgamma(r + 1))
+    return expected
+
+
+def no_retrieval_accuracy(vocab_size, n_pairs, *, n_queries=None) -> float:
+    """Expected MQAR accuracy of the best predictor that never links a key to its value (``eq-tr-no-retrieval``).
+
+    Exact, for sequences drawn by :func:`make_mqar` with the same arguments.
+    There the values are drawn independently and uniformly from the
+    ``n_values = vocab_size - 1 - (vocab_size - 1) // 2`` value tokens, and the
+    queried keys come in a uniformly random order, each followed by its
+    answer. A predictor that sees everything but which value was written next
+    to which key knows, at the ``j``-th query (``j = 0, 1, ...``), the values of
+    the ``n_pairs - j`` pairs not yet answered; its answer is any one of them
+    with equal probability, so the best it can do is name the value that occurs
+    most often among them (ties broken at random), which is right with
+    probability (largest count) / ``(n_pairs - j)``. Those ``n_pairs - j`` values
+    are themselves independent uniform draws, so the expected accuracy is
+
+    ``(1 / n_queries) * sum_j E[M_{n_pairs - j}] / (n_pairs - j)``,
+
+    ``M_r`` the largest number of times one value occurs among ``r`` draws.
+
+    Parameters
+    ----------
+    vocab_size, n_pairs, n_queries : as for :func:`make_mqar`
+
+    Returns
+    -------
+    float in ``(0, 1]``
+    """
+    n_values, n, m = _mqar_sizes(vocab_size, n_pairs, n_queries)
+    return float(sum(_mean_largest_count(n - j, n_values) / (n - j) for j in range(m)) / m)
+
+
+def no_retrieval_score(batch: MQARBatch, *, strategy="most_frequent") -> float:
+    """Expected accuracy on ``batch`` of a predictor that never links a key to its value (``eq-tr-no-retrieval``).
+
+    Exact for the given sequences: every random choice of the predictor (a
+    guess, a tie) is averaged over, not drawn. At each query the predictor
+    knows the values written in the sequence's context and the answers already
+    shown after earlier queries, never which value was written next to which
+    key. ``strategy``:
+
+    - ``"most_frequent"``: among the values not yet answered (the context's
+      values, each answer removed once), name one that occurs most often, ties
+      broken at random. This is the best such predictor; its expected accuracy
+      over :func:`make_mqar`'s draws is :func:`no_retrieval_accuracy`;
+    - ``"uniform_remaining"``: a uniform guess among the distinct values not yet answered;
+    - ``"uniform_context"``: a uniform guess among the distinct values of the context.
+
+    Parameters
+    ----------
+    batch : MQARBatch from :func:`make_mqar`
+    strategy : one of ``NO_RETRIEVAL_STRATEGIES``
+
+    Returns
+    -------
+    float in ``[0, 1]``, the mean over the batch's query positions
+    """
+    if not isinstance(batch, MQARBatch):
+        raise ValueError(f"batch: expected an MQARBatch from make_mqar, got {type(batch).__name__}")
+    if strategy not in NO_RETRIEVAL_STRATEGIES:
+        raise ValueError(f"strategy: expected one of {NO_RETRIEVAL_STRATEGIES}, got {strategy!r}")
+    tokens = _tokens(batch.tokens, batch.vocab_size)
+    targets = np.asarray(batch.targets)
+    n = batch.n_pairs
+    right, total = 0.0, 0
+    for row, target in zip(tokens, targets):
+        context = [int(v) for v in row[1:2 * n:2]]
+        remaining = {v: context.count(v) for v in context}
+        n_distinct = len(remaining)
+        for t in np.nonzero(target >= 0)[0]:
+            answer = int(target[t])
+            if strategy == "most_frequent":
+                top = max(remaining.values())
+                tied = [v for v, c in remaining.items() if c == top]
+                right += (answer in tied) / len(tied)
+            elif strategy == "uniform_remaining":
+                right += (answer in remaining) / len(remaining)
+            else:
+                right += (answer in context) / n_distinct
+            total += 1
+            if answer in remaining:                 # the answer is shown after the query
+                remaining[answer] -= 1
+                if remaining[answer] == 0:
+                    del remaining[answer]
+    if total == 0:
+        raise ValueError("batch: expected at least one query position (a target >= 0), got none")
+    return right / total
 
 
 # ----------------------------------------------------------------------------

@@ -1,0 +1,153 @@
+"""What MQAR gives away without retrieval (chapter 9, eq-tr-no-retrieval).
+
+`make_mqar` queries every written key once and shows each answer right after
+its query, so a model that never links a key to its value can still rule out
+the values already answered. `no_retrieval_accuracy` is the exact expected
+accuracy of the best such predictor; `no_retrieval_score` the same predictor's
+expected accuracy on a given batch. These tests tie both to the generator and
+tie chapter 9's stored no-retrieval line to them, so that the line cannot drift
+from the task it is drawn for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fixedstate.recall import (NO_RETRIEVAL_STRATEGIES, MQARBatch, make_mqar, no_retrieval_accuracy,
+                               no_retrieval_score, score_mqar)
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTER = ROOT / "chapters" / "09_training.ipynb"
+SWEEP = json.loads((ROOT / "results" / "mqar_sweep.json").read_text())["settings"]
+GLUE_MIME = "application/papermill.record/text/plain"
+
+
+def sweep_test_set(n_pairs):
+    """The sweep's held-out test set, drawn as `fixedstate.training.train` draws it."""
+    return make_mqar(SWEEP["n_test"], SWEEP["vocab_size"], n_pairs, SWEEP["seq_len"],
+                     rng=np.random.default_rng((12345, n_pairs)))
+
+
+def glued(name):
+    """The value chapter 9 stored under a glued name."""
+    for cell in json.loads(CHAPTER.read_text())["cells"]:
+        for out in cell.get("outputs", []):
+            if out.get("metadata", {}).get("scrapbook", {}).get("name") == name:
+                return float(out["data"][GLUE_MIME])
+    raise AssertionError(f"chapter 9 glues no value named {name}")
+
+
+def brute_force(n_values, n_pairs, n_queries):
+    """Expected accuracy of the most-frequent-remaining predictor, by enumerating every draw.
+
+    Every tuple of values (uniform, independent) and every ordered choice of queried
+    pairs (uniform) is equally likely under make_mqar; ties are averaged over.
+    """
+    total, count = 0.0, 0
+    for values in itertools.product(range(n_values), repeat=n_pairs):
+        for order in itertools.permutations(range(n_pairs), n_queries):
+            remaining = Counter(values)
+            for i in order:
+                top = max(remaining.values())
+                tied = [v for v, c in remaining.items() if c == top]
+                total += (values[i] in tied) / len(tied) / n_queries
+                remaining[values[i]] -= 1
+                if remaining[values[i]] == 0:
+                    del remaining[values[i]]
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("n_pairs", SWEEP["n_pairs"])
+def test_the_chapters_line_is_the_predictor_on_the_sweeps_test_set(n_pairs):
+    level = no_retrieval_score(sweep_test_set(n_pairs))
+    assert glued(f"noret_{n_pairs}") == round(level, 2)
+    # and the test set's level is the generator's expectation, up to the test set's sampling
+    assert abs(level - no_retrieval_accuracy(SWEEP["vocab_size"], n_pairs)) < 0.01
+
+
+@pytest.mark.parametrize("n_pairs", SWEEP["n_pairs"])
+def test_the_chapters_old_line_is_uniform_guessing_among_the_context(n_pairs):
+    assert glued(f"guess_{n_pairs}") == round(no_retrieval_score(sweep_test_set(n_pairs),
+                                                                 strategy="uniform_context"), 2)
+
+
+@pytest.mark.parametrize(("n_values", "n_pairs", "n_queries"), [(1, 1, 1), (2, 2, 2), (2, 2, 1), (3, 3, 3),
+                                                                (3, 3, 2), (3, 2, 2), (4, 4, 4), (4, 3, 2)])
+def test_exact_formula_equals_enumeration_of_every_draw(n_values, n_pairs, n_queries):
+    vocab = 2 * n_values + 1                   # make_mqar's split: n_values keys, n_values values
+    assert no_retrieval_accuracy(vocab, n_pairs, n_queries=n_queries) == pytest.approx(
+        brute_force(n_values, n_pairs, n_queries), rel=1e-12)
+
+
+def test_exact_formula_agrees_with_a_simulation_of_make_mqar():
+    vocab, n_pairs = 32, 8
+    scores = [no_retrieval_score(make_mqar(100, vocab, n_pairs, 32, rng=np.random.default_rng((7, s))))
+              for s in range(40)]
+    mean, se = np.mean(scores), np.std(scores, ddof=1) / np.sqrt(len(scores))
+    assert 0 < se < 0.01
+    assert abs(mean - no_retrieval_accuracy(vocab, n_pairs)) < 4 * se
+
+
+def test_closed_forms():
+    # one pair: the only value left is the answer
+    assert no_retrieval_accuracy(3, 1) == 1.0
+    # every value distinct (many values): 1 / (number left), averaged over the queries
+    assert no_retrieval_accuracy(2 ** 20 + 1, 3) == pytest.approx((1 / 3 + 1 / 2 + 1) / 3, abs=1e-5)
+    # one value token: every answer is that value
+    assert no_retrieval_accuracy(4, 1) == 1.0
+    # two pairs over values drawn from V: first query right with prob (1 + 1/V) / 2, the second always
+    v = 16
+    assert no_retrieval_accuracy(2 * v, 2) == pytest.approx(((1 + 1 / v) / 2 + 1) / 2, rel=1e-13)
+
+
+@pytest.mark.parametrize("n_pairs", SWEEP["n_pairs"])
+def test_ruling_out_answered_values_beats_guessing_and_most_frequent_is_best(n_pairs):
+    batch = sweep_test_set(n_pairs)
+    best, uniform_rest, uniform_context = (no_retrieval_score(batch, strategy=s) for s in NO_RETRIEVAL_STRATEGIES)
+    chance = 1 / batch.value_tokens.size
+    assert chance < uniform_context < uniform_rest < best < 1
+
+
+def test_a_model_that_retrieves_scores_one_and_the_level_is_far_below():
+    batch = sweep_test_set(8)
+    predictions = np.full(batch.tokens.shape, -1)
+    for b, t in zip(*np.nonzero(batch.targets >= 0)):
+        context = list(batch.tokens[b, 0:2 * batch.n_pairs])
+        predictions[b, t] = context[context.index(batch.tokens[b, t]) + 1]     # the value after its key
+    assert score_mqar(predictions, batch.targets) == 1.0
+    assert no_retrieval_score(batch) < 0.5
+
+
+def test_score_averages_ties_instead_of_drawing_them():
+    # one sequence, two pairs with distinct values: the first query is a tie of two
+    tokens = np.array([[1, 5, 2, 6, 0, 2, 6, 1, 5, 0]])
+    targets = np.array([[-1, -1, -1, -1, -1, 6, -1, 5, -1, -1]])
+    batch = MQARBatch(tokens, targets, 9, 2, np.arange(1, 5), np.arange(5, 9))
+    assert no_retrieval_score(batch) == 0.75
+    assert no_retrieval_score(batch, strategy="uniform_context") == 0.5
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="vocab_size"):
+        no_retrieval_accuracy(2, 1)
+    with pytest.raises(ValueError, match="n_pairs"):
+        no_retrieval_accuracy(32, 0)
+    with pytest.raises(ValueError, match="n_pairs"):
+        no_retrieval_accuracy(32, 16)
+    with pytest.raises(ValueError, match="n_queries"):
+        no_retrieval_accuracy(32, 4, n_queries=5)
+    with pytest.raises(ValueError, match="batch"):
+        no_retrieval_score(np.zeros((2, 4), dtype=int))
+    with pytest.raises(ValueError, match="strategy"):
+        no_retrieval_score(sweep_test_set(4), strategy="oracle")
+    empty = dataclasses.replace(sweep_test_set(4), targets=np.full((SWEEP["n_test"], SWEEP["seq_len"]), -1))
+    with pytest.raises(ValueError, match="batch"):
+        no_retrieval_score(empty)
