@@ -80,13 +80,16 @@ test: $(STAMP) $(ASSET_STAMP)
 test-quick: $(STAMP)
 	bash tools/test_quick.sh
 
-unit: $(STAMP)
-	$(BIN)/python -m pytest tests -q -m "not browser and not build and not kit"
+WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests -q -m "not browser and not site and not kit" -n $(WORKERS)
+
+# A notebook's cells run in order in one kernel: --dist loadfile keeps each notebook on one worker.
 nbval: $(STAMP)
 	FIXEDSTATE_FIGURES=frames $(BIN)/python -m pytest --nbval --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider \
-	  chapters exercises solutions appendix
+	  -n $(WORKERS) --dist loadfile chapters exercises solutions appendix
 
 # The notebooks under a second OpenBLAS kernel (not this processor's own): .ci/run calls it
 # after make test, so outputs that show one kernel's last-bit rounding fail on any machine.
