@@ -101,8 +101,9 @@ def test_closed_forms():
     assert no_retrieval_accuracy(3, 1) == 1.0
     # every value distinct (many values): 1 / (number left), averaged over the queries
     assert no_retrieval_accuracy(2 ** 20 + 1, 3) == pytest.approx((1 / 3 + 1 / 2 + 1) / 3, abs=1e-5)
-    # one value token: every answer is that value
-    assert no_retrieval_accuracy(4, 1) == 1.0
+    # two value tokens, two pairs: the first query is right with probability 1/2 * 1 (both values the
+    # same) + 1/2 * 1/2 (a tie of two), the second always
+    assert no_retrieval_accuracy(5, 2) == pytest.approx((0.75 + 1) / 2, rel=1e-13)
     # two pairs over values drawn from V: first query right with prob (1 + 1/V) / 2, the second always
     v = 16
     assert no_retrieval_accuracy(2 * v, 2) == pytest.approx(((1 + 1 / v) / 2 + 1) / 2, rel=1e-13)
@@ -135,6 +136,43 @@ def test_score_averages_ties_instead_of_drawing_them():
     assert no_retrieval_score(batch, strategy="uniform_context") == 0.5
 
 
+@pytest.mark.parametrize("strategy", NO_RETRIEVAL_STRATEGIES)
+def test_per_query_probabilities_average_to_the_score(strategy):
+    batch = sweep_test_set(8)
+    hits = no_retrieval_score(batch, strategy=strategy, per_query=True)
+    assert hits.shape == batch.targets.shape
+    assert np.array_equal(np.isnan(hits), batch.targets < 0)
+    assert np.all((hits[~np.isnan(hits)] >= 0) & (hits[~np.isnan(hits)] <= 1))
+    assert np.nanmean(hits) == pytest.approx(no_retrieval_score(batch, strategy=strategy), rel=1e-12)
+    if strategy == "most_frequent":             # every key is queried: the last answer is the one value left
+        last = [row[~np.isnan(row)][-1] for row in hits]
+        assert np.all(np.array(last) == 1.0)
+
+
+def test_per_query_probabilities_give_the_spread_of_a_predictor_that_draws_its_ties():
+    # a predictor that names one of the most frequent remaining values, drawn at random, scored
+    # many times on one small batch: its score's mean and spread follow from the probabilities
+    batch = make_mqar(16, 32, 8, 32, rng=np.random.default_rng(3))
+    hits = no_retrieval_score(batch, per_query=True)
+    q = hits[~np.isnan(hits)]
+    rng = np.random.default_rng(0)
+    scores = []
+    for _ in range(3000):
+        right = 0
+        for row, target in zip(batch.tokens, batch.targets):
+            remaining = Counter(int(v) for v in row[1:16:2])
+            for t in np.nonzero(target >= 0)[0]:
+                top = max(remaining.values())
+                guess = rng.choice(sorted(v for v, c in remaining.items() if c == top))
+                right += guess == target[t]
+                remaining[int(target[t])] -= 1
+                remaining += Counter()          # drop the values used up
+        scores.append(right / q.size)
+    spread = np.sqrt(np.sum(q * (1 - q))) / q.size
+    assert abs(np.mean(scores) - q.mean()) < 4 * spread / np.sqrt(len(scores))
+    assert np.std(scores, ddof=1) == pytest.approx(spread, rel=0.06)
+
+
 def test_bad_arguments_name_themselves():
     with pytest.raises(ValueError, match="vocab_size"):
         no_retrieval_accuracy(2, 1)
@@ -148,6 +186,8 @@ def test_bad_arguments_name_themselves():
         no_retrieval_score(np.zeros((2, 4), dtype=int))
     with pytest.raises(ValueError, match="strategy"):
         no_retrieval_score(sweep_test_set(4), strategy="oracle")
+    with pytest.raises(ValueError, match="per_query"):
+        no_retrieval_score(sweep_test_set(4), per_query="yes")
     empty = dataclasses.replace(sweep_test_set(4), targets=np.full((SWEEP["n_test"], SWEEP["seq_len"]), -1))
     with pytest.raises(ValueError, match="batch"):
         no_retrieval_score(empty)

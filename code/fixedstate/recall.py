@@ -953,7 +953,7 @@ def no_retrieval_accuracy(vocab_size, n_pairs, *, n_queries=None) -> float:
     return float(sum(_mean_largest_count(n - j, n_values) / (n - j) for j in range(m)) / m)
 
 
-def no_retrieval_score(batch: MQARBatch, *, strategy="most_frequent") -> float:
+def no_retrieval_score(batch: MQARBatch, *, strategy="most_frequent", per_query=False):
     """Expected accuracy on ``batch`` of a predictor that never links a key to its value (``eq-tr-no-retrieval``).
 
     Exact for the given sequences: every random choice of the predictor (a
@@ -973,10 +973,16 @@ def no_retrieval_score(batch: MQARBatch, *, strategy="most_frequent") -> float:
     ----------
     batch : MQARBatch from :func:`make_mqar`
     strategy : one of ``NO_RETRIEVAL_STRATEGIES``
+    per_query : bool. ``True`` returns, instead of the mean, the probability of
+        being right at every query position (a predictor that draws its guess and
+        its ties is right there with that probability, independently of its other
+        queries), from which the spread of such a predictor's score follows.
 
     Returns
     -------
-    float in ``[0, 1]``, the mean over the batch's query positions
+    float in ``[0, 1]``, the mean over the batch's query positions; with
+    ``per_query=True`` an array of the shape of ``batch.targets``, the
+    probability at each query position and NaN elsewhere
     """
     if not isinstance(batch, MQARBatch):
         raise ValueError(f"batch: expected an MQARBatch from make_mqar, got {type(batch).__name__}")
@@ -985,8 +991,11 @@ def no_retrieval_score(batch: MQARBatch, *, strategy="most_frequent") -> float:
     tokens = _tokens(batch.tokens, batch.vocab_size)
     targets = np.asarray(batch.targets)
     n = batch.n_pairs
+    if not isinstance(per_query, (bool, np.bool_)):
+        raise ValueError(f"per_query: expected True or False, got {per_query!r}")
+    hits = np.full(targets.shape, np.nan)
     right, total = 0.0, 0
-    for row, target in zip(tokens, targets):
+    for row, target, hit in zip(tokens, targets, hits):
         context = [int(v) for v in row[1:2 * n:2]]
         remaining = {v: context.count(v) for v in context}
         n_distinct = len(remaining)
@@ -995,11 +1004,12 @@ def no_retrieval_score(batch: MQARBatch, *, strategy="most_frequent") -> float:
             if strategy == "most_frequent":
                 top = max(remaining.values())
                 tied = [v for v, c in remaining.items() if c == top]
-                right += (answer in tied) / len(tied)
+                hit[t] = (answer in tied) / len(tied)
             elif strategy == "uniform_remaining":
-                right += (answer in remaining) / len(remaining)
+                hit[t] = (answer in remaining) / len(remaining)
             else:
-                right += (answer in context) / n_distinct
+                hit[t] = (answer in context) / n_distinct
+            right += hit[t]
             total += 1
             if answer in remaining:                 # the answer is shown after the query
                 remaining[answer] -= 1
@@ -1007,7 +1017,7 @@ def no_retrieval_score(batch: MQARBatch, *, strategy="most_frequent") -> float:
                     del remaining[answer]
     if total == 0:
         raise ValueError("batch: expected at least one query position (a target >= 0), got none")
-    return right / total
+    return hits if per_query else right / total
 
 
 # ----------------------------------------------------------------------------
