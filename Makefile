@@ -83,11 +83,12 @@ test-quick: $(STAMP)
 WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests -q -m "not browser and not site and not kit" -n $(WORKERS)
+	$(BIN)/python -m pytest tests -q -m "not browser and not site and not kit" -n $(WORKERS) --dist loadscope
 
 # A notebook's cells run in order in one kernel: --dist loadfile keeps each notebook on one worker.
+# FIXEDSTATE_TIMING=once: timing cells (outputs not compared) make one run each (fixedstate.timing).
 nbval: $(STAMP)
-	FIXEDSTATE_FIGURES=frames $(BIN)/python -m pytest --nbval --nbval-current-env \
+	FIXEDSTATE_TIMING=once FIXEDSTATE_FIGURES=frames $(BIN)/python -m pytest --nbval --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider \
 	  -n $(WORKERS) --dist loadfile chapters exercises solutions appendix
 

@@ -13,6 +13,7 @@ Chromium fails with a message saying so, rather than passing silently.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -140,6 +141,20 @@ VISIBLE_PICTURES = """(root) => Array.from(root.querySelectorAll('img'))
     .filter(img => img.offsetParent !== null).map(img => img.src.slice(-200))"""
 
 
+def picture_after_change(page, box, before, timeout=5_000):
+    """The visible pictures of ``box`` once they differ from ``before`` (or after ``timeout`` ms, unchanged)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(
+            "([root, before]) => JSON.stringify(Array.from(root.querySelectorAll('img'))"
+            ".filter(img => img.offsetParent !== null).map(img => img.src.slice(-200))) !== before",
+            arg=[box.element_handle(), json.dumps(before, separators=(",", ":"))], timeout=timeout)
+    except PlaywrightTimeout:
+        pass
+    return box.evaluate(VISIBLE_PICTURES)
+
+
 def figures_on(page):
     """Widget boxes that hold a picture and at least one control."""
     return [box for box in page.locator(".jupyter-widgets.widget-vbox").all()
@@ -167,16 +182,14 @@ def test_every_slider_changes_its_figure_without_a_kernel(loaded):
             key = "ArrowLeft" if handle.get_attribute("aria-valuenow") == handle.get_attribute(
                 "aria-valuemax") else "ArrowRight"
             handle.press(key)
-            page.wait_for_timeout(150)
-            after = box.evaluate(VISIBLE_PICTURES)
+            after = picture_after_change(page, box, before)
             assert after != before, f"moving slider {i} did not change the figure"
         for row in box.locator(".widget-toggle-buttons").all():
             buttons = row.locator("button").all()
             before = box.evaluate(VISIBLE_PICTURES)
             target = next(b for b in buttons if "mod-active" not in (b.get_attribute("class") or ""))
             target.click()
-            page.wait_for_timeout(150)
-            after = box.evaluate(VISIBLE_PICTURES)
+            after = picture_after_change(page, box, before)
             assert after != before, "clicking a button of the figure did not change it"
     assert not log.errors[n_errors:], f"console errors while moving sliders: {log.errors[n_errors:][:5]}"
 

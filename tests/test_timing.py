@@ -185,3 +185,22 @@ def test_chunkwise_table_measures_the_rate_in_turns_with_the_forms():
     (row,) = table["rows"]
     assert table["rates"]["float32"] > 0 and row["rate"] > 0
     assert row["limit"] == pytest.approx(row["flops"] / row["rate"])
+
+
+def test_the_suites_timing_setting_makes_one_run_and_refuses_other_values(monkeypatch):
+    calls = []
+    monkeypatch.delenv("FIXEDSTATE_TIMING", raising=False)
+    timing.best_time(lambda: calls.append(1), repeats=4)
+    assert len(calls) == 4
+    monkeypatch.setenv("FIXEDSTATE_TIMING", "once")
+    calls.clear()
+    timing.best_time(lambda: calls.append(1), repeats=4)
+    assert len(calls) == 1
+    seen = []
+    real = timing.best_time
+    monkeypatch.setattr(timing, "best_time", lambda *a, **kw: seen.append(kw.get("repeats")) or real(*a, **kw))
+    timing.time_forms(16, 4, 4, repeats=3, rounds=3)
+    assert len(seen) == 2                       # one round: the recurrent and the chunkwise form, once each
+    monkeypatch.setenv("FIXEDSTATE_TIMING", "twice")
+    with pytest.raises(ValueError, match="FIXEDSTATE_TIMING"):
+        timing.best_time(lambda: None)

@@ -5,8 +5,13 @@
 # Speed (issue: `make test` within 3 minutes on a 2-core machine, nothing skipped):
 # the unit tests and the notebooks run on every core (pytest-xdist; a notebook's
 # cells stay together on one worker, in order, with --dist loadfile); the two
-# strict builds run side by side; the browser test opens each page once for all
-# the checks made on it (tests/test_browser.py). The hypothesis profile is the
+# strict builds run side by side, and the browser test (about one core) beside
+# nbval; the browser test opens each page once for all the checks made on it
+# (tests/test_browser.py). The unit tests of one module stay on one worker (--dist
+# loadscope), so that a module's expensive fixture (a graded class) is built once.
+# nbval runs the chapters with FIXEDSTATE_TIMING=once: a timing cell, whose outputs
+# nbval does not compare, runs all its code with one run in one round
+# (fixedstate.timing.timing_once). The hypothesis profile is the
 # full one (tests/_examples.py); `make test-quick` is the inner loop.
 set -u
 cd "$(dirname "$0")/.."
@@ -31,26 +36,27 @@ part() {
   "$@"
   report "$name" $? $((SECONDS - t0))
 }
-# Two parts side by side; each one's output is printed whole when both are done.
-two_parts() {
-  local name1=$1 cmd1=$2 name2=$3 cmd2=$4 t0=$SECONDS log1 log2
-  log1=$(mktemp) log2=$(mktemp)
+# Parts side by side: together NAME CMD [NAME CMD ...]. Each part's output is printed whole,
+# in the order given, when all are done, with its own time and verdict.
+together() {
+  local t0=$SECONDS names=() cmds=() logs=() i
+  while [ $# -ge 2 ]; do names+=("$1"); cmds+=("$2"); shift 2; done
   echo
-  echo "=== $name1 and $name2, side by side"
-  ( t=$SECONDS; bash -c "$cmd1" >"$log1" 2>&1; echo "$? $((SECONDS - t))" >"$log1.rc" ) &
-  ( t=$SECONDS; bash -c "$cmd2" >"$log2" 2>&1; echo "$? $((SECONDS - t))" >"$log2.rc" ) &
-  wait
-  for i in 1 2; do
-    local name log
-    if [ $i = 1 ]; then name=$name1 log=$log1; else name=$name2 log=$log2; fi
-    echo
-    echo "=== $name: $([ $i = 1 ] && echo "$cmd1" || echo "$cmd2")"
-    cat "$log"
-    read -r rc secs <"$log.rc"
-    report "$name" "$rc" "$secs"
-    rm -f "$log" "$log.rc"
+  echo "=== side by side: $(IFS=,; echo "${names[*]}")"
+  for i in "${!names[@]}"; do
+    logs+=("$(mktemp)")
+    ( t=$SECONDS; bash -c "${cmds[$i]}" >"${logs[$i]}" 2>&1; echo "$? $((SECONDS - t))" >"${logs[$i]}.rc" ) &
   done
-  echo "=== (both took $((SECONDS - t0)) s together)"
+  wait
+  for i in "${!names[@]}"; do
+    echo
+    echo "=== ${names[$i]}: ${cmds[$i]}"
+    cat "${logs[$i]}"
+    read -r rc secs <"${logs[$i]}.rc"
+    report "${names[$i]}" "$rc" "$secs"
+    rm -f "${logs[$i]}" "${logs[$i]}.rc"
+  done
+  echo "=== (side by side, $((SECONDS - t0)) s in all)"
 }
 
 NOTEBOOK_DIRS=()
@@ -59,18 +65,20 @@ for d in chapters exercises solutions appendix; do
 done
 
 # The student kit's installation into fresh environments (-m kit) takes minutes: .ci/run runs it after this.
-part "unit tests" $BIN/python -m pytest tests -q -m "not browser and not site and not kit" -p no:cacheprovider \
-  -n "$WORKERS"
-part "notebooks (nbval)" $BIN/python -m pytest --nbval --nbval-current-env \
-  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider -q \
-  -n "$WORKERS" --dist loadfile "${NOTEBOOK_DIRS[@]}"
+# Order: the two strict builds first (side by side); then the built site's tests, whose browser
+# keeps about one core busy, beside nbval; then the unit tests on every core.
 rm -rf _build/html _build/.doctrees _build/jupyter_execute _build/student
 $BIN/python tools/student_toc.py _toc.yml _build/student_toc.yml
-two_parts "book build (-W -n --keep-going)" "$BIN/jupyter-book build . --builder html -W -n --keep-going" \
+together "book build (-W -n --keep-going)" "$BIN/jupyter-book build . --builder html -W -n --keep-going" \
   "student edition build (-W -n --keep-going)" "$BIN/jupyter-book build . --builder html \
   --toc _build/student_toc.yml --path-output _build/student -W -n --keep-going"
-part "built site: student-edition and student-kit leak tests, downloads, browser test" $BIN/python -m pytest tests -q \
-  -m "site or browser" -p no:cacheprovider
+together "built site: student-edition and student-kit leak tests, downloads, browser test" \
+  "$BIN/python -m pytest tests -q -m 'site or browser' -p no:cacheprovider" \
+  "notebooks (nbval)" "FIXEDSTATE_TIMING=once $BIN/python -m pytest --nbval --nbval-current-env \
+  --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider -q \
+  -n $WORKERS --dist loadfile ${NOTEBOOK_DIRS[*]}"
+part "unit tests" $BIN/python -m pytest tests -q -m "not browser and not site and not kit" -p no:cacheprovider \
+  -n "$WORKERS" --dist loadscope
 
 echo
 if [ ${#failed[@]} -eq 0 ]; then

@@ -11,7 +11,7 @@ BASE=${BASE:-main}
 status=0
 t0=$SECONDS
 FIXEDSTATE_TEST_PROFILE=quick $BIN/python -m pytest tests -q -m "not browser and not site and not kit" \
-  -p no:cacheprovider -n "$WORKERS" || status=1
+  -p no:cacheprovider -n "$WORKERS" --dist loadscope || status=1
 changed=$( { git diff --name-only "$(git merge-base HEAD "$BASE" 2>/dev/null || echo HEAD)" -- ;
              git ls-files --others --exclude-standard; } |
            grep -E '^(chapters|exercises|solutions|appendix)/[^/]+\.ipynb$' | sort -u |
@@ -19,7 +19,7 @@ changed=$( { git diff --name-only "$(git merge-base HEAD "$BASE" 2>/dev/null || 
 if [ -n "$changed" ]; then
   echo "notebooks changed since $BASE:" $changed
   # shellcheck disable=SC2086
-  $BIN/python -m pytest --nbval --nbval-current-env \
+  FIXEDSTATE_TIMING=once $BIN/python -m pytest --nbval --nbval-current-env \
     --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider -q \
     -n "$WORKERS" --dist loadfile $changed || status=1
 else
