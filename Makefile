@@ -80,10 +80,11 @@ test: $(STAMP) $(ASSET_STAMP)
 test-quick: $(STAMP)
 	bash tools/test_quick.sh
 
-WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+WORKERS ?= $(or $(TEST_WORKERS),$(shell nproc 2>/dev/null || echo 2))
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests -q -m "not browser and not site and not kit" -n $(WORKERS) --dist loadscope
+	FIXEDSTATE_TEST_PROFILE=full FIXEDSTATE_TIMING= $(BIN)/python -m pytest tests -q \
+	  -m "not browser and not site and not kit" -n $(WORKERS) --dist loadscope
 
 # A notebook's cells run in order in one kernel: --dist loadfile keeps each notebook on one worker.
 # FIXEDSTATE_TIMING=once: timing cells (outputs not compared) make one run each (fixedstate.timing).
@@ -109,12 +110,12 @@ lab: $(STAMP)
 execute: $(STAMP)
 	@for nb in $(NOTEBOOKS); do \
 	  echo "executing $$nb"; \
-	  FIXEDSTATE_FIGURES=frames timeout $(EXECUTE_TIMEOUT) $(BIN)/python tools/execute_notebook.py "$$nb" || exit 1; \
+	  FIXEDSTATE_TIMING= FIXEDSTATE_FIGURES=frames timeout $(EXECUTE_TIMEOUT) $(BIN)/python tools/execute_notebook.py "$$nb" || exit 1; \
 	done
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/delta_rule_bench.py
-	$(BIN)/python benchmarks/ssd_bench.py
+	FIXEDSTATE_TIMING= $(BIN)/python benchmarks/delta_rule_bench.py
+	FIXEDSTATE_TIMING= $(BIN)/python benchmarks/ssd_bench.py
 
 # Grade a folder of submitted exercise notebooks (the "Grading" section of appendix/instructors.md):
 #   make grade SUBMISSIONS=<folder> [CHAPTERS="03 04"] [GRADE_OUT=<dir>] [GRADE_FLAGS="--timeout 300"]
@@ -154,11 +155,13 @@ test-reference: $(REF_STAMP)
 	$(REF_VENV)/bin/python tools/reference/compare_layers.py --out _build/reference/reference_equivalence.json \
 	  --stored results/reference_equivalence.json
 
-# The explicit step that rewrites the tracked table; then re-execute appendix/equivalence.ipynb and commit both.
+# The explicit step that rewrites the tracked table (only when every comparison passed) and re-executes
+# appendix/equivalence.ipynb, which shows it; commit both.
 .PHONY: update-reference
 update-reference: $(REF_STAMP) $(STAMP)
-	$(REF_VENV)/bin/python tools/reference/compare_layers.py --out results/reference_equivalence.json \
+	$(REF_VENV)/bin/python tools/reference/compare_layers.py --out _build/reference/reference_equivalence.json \
 	  --command "make update-reference"
+	cp _build/reference/reference_equivalence.json results/reference_equivalence.json
 	$(BIN)/python tools/execute_notebook.py appendix/equivalence.ipynb
 
 bench-figures: $(STAMP)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fixedstate.recall import (NO_RETRIEVAL_STRATEGIES, MQARBatch, make_mqar, no_retrieval_accuracy,
+from fixedstate.recall import (NO_RETRIEVAL_STRATEGIES, MQARBatch, make_mqar, no_retrieval_accuracy, no_retrieval_se,
                                no_retrieval_score, score_mqar)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,3 +191,21 @@ def test_bad_arguments_name_themselves():
     empty = dataclasses.replace(sweep_test_set(4), targets=np.full((SWEEP["n_test"], SWEEP["seq_len"]), -1))
     with pytest.raises(ValueError, match="batch"):
         no_retrieval_score(empty)
+
+
+def test_standard_error_of_identical_sequences_is_the_spread_of_the_ties_alone():
+    # every sequence the same: the sequences add no variance, and the standard error is the spread of a
+    # predictor that draws its ties, as the previous test measures it, over all the batch's queries
+    one = make_mqar(1, 32, 8, 32, rng=np.random.default_rng(5))
+    batch = dataclasses.replace(one, tokens=np.repeat(one.tokens, 6, axis=0), targets=np.repeat(one.targets, 6, axis=0))
+    q = no_retrieval_score(batch, per_query=True)
+    q = q[~np.isnan(q)]
+    assert no_retrieval_se(batch) == pytest.approx(np.sqrt(np.sum(q * (1 - q))) / q.size, rel=1e-12)
+
+
+def test_standard_error_falls_as_the_batch_grows_and_needs_two_sequences():
+    small = no_retrieval_se(make_mqar(16, 32, 8, 64, rng=np.random.default_rng(6)))
+    large = no_retrieval_se(make_mqar(256, 32, 8, 64, rng=np.random.default_rng(6)))
+    assert 2.5 < small / large < 6.5                 # about sqrt(16) = 4
+    with pytest.raises(ValueError, match="batch: expected at least two sequences"):
+        no_retrieval_se(make_mqar(1, 32, 8, 32, rng=np.random.default_rng(5)))

@@ -6,12 +6,15 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from _examples import examples
+
 from fixedstate import prose
 from fixedstate.prose import below, glue_bound, glue_number, round_to_format
 
 FORMATS = [".0f", ".1f", ".2f", ".3f", ".4f", ",.0f", ",.1f", ".0%", ".1%", ".0e", ".1e", ".2g", ".3g", ".4g", ","]
 
 
+@examples(100)                       # hypothesis's default count, with no deadline
 @given(st.floats(min_value=-1e12, max_value=1e12, allow_nan=False), st.sampled_from(FORMATS))
 def test_rounding_keeps_the_displayed_text(x, fmt):
     shown = format(x, fmt if fmt != "," else ",g")

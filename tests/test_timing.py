@@ -201,6 +201,8 @@ def test_the_suites_timing_setting_makes_one_run_and_refuses_other_values(monkey
     monkeypatch.setattr(timing, "best_time", lambda *a, **kw: seen.append(kw.get("repeats")) or real(*a, **kw))
     timing.time_forms(16, 4, 4, repeats=3, rounds=3)
     assert len(seen) == 2                       # one round: the recurrent and the chunkwise form, once each
+    with pytest.raises(ValueError, match="repeats"):            # arguments are checked as for a reader
+        timing.best_time(lambda: None, repeats=0)
     monkeypatch.setenv("FIXEDSTATE_TIMING", "twice")
     with pytest.raises(ValueError, match="FIXEDSTATE_TIMING"):
         timing.best_time(lambda: None)

@@ -73,12 +73,13 @@ together "book build (-W -n --keep-going)" "$BIN/jupyter-book build . --builder 
   "student edition build (-W -n --keep-going)" "$BIN/jupyter-book build . --builder html \
   --toc _build/student_toc.yml --path-output _build/student -W -n --keep-going"
 together "built site: student-edition and student-kit leak tests, downloads, browser test" \
-  "$BIN/python -m pytest tests -q -m 'site or browser' -p no:cacheprovider" \
+  "FIXEDSTATE_TEST_PROFILE=full $BIN/python -m pytest tests -q -m 'site or browser' -p no:cacheprovider" \
   "notebooks (nbval)" "FIXEDSTATE_TIMING=once $BIN/python -m pytest --nbval --nbval-current-env \
   --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider -q \
   -n $WORKERS --dist loadfile ${NOTEBOOK_DIRS[*]}"
-part "unit tests" $BIN/python -m pytest tests -q -m "not browser and not site and not kit" -p no:cacheprovider \
-  -n "$WORKERS" --dist loadscope
+# The full hypothesis profile and real timings, whatever the caller's shell exports.
+part "unit tests" env FIXEDSTATE_TEST_PROFILE=full FIXEDSTATE_TIMING= $BIN/python -m pytest tests -q \
+  -m "not browser and not site and not kit" -p no:cacheprovider -n "$WORKERS" --dist loadscope
 
 echo
 if [ ${#failed[@]} -eq 0 ]; then

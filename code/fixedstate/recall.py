@@ -88,6 +88,7 @@ __all__ = [
     "NO_RETRIEVAL_STRATEGIES",
     "no_retrieval_accuracy",
     "no_retrieval_score",
+    "no_retrieval_se",
     "vocabulary_recall",
     "lab_n_values",
     "lab_experiment",
@@ -1018,6 +1019,35 @@ def no_retrieval_score(batch: MQARBatch, *, strategy="most_frequent", per_query=
     if total == 0:
         raise ValueError("batch: expected at least one query position (a target >= 0), got none")
     return hits if per_query else right / total
+
+
+def no_retrieval_se(batch: MQARBatch) -> float:
+    """Standard error of the score of the best predictor that never links a key to its value (``eq-tr-no-retrieval``).
+
+    Such a predictor's score on ``batch`` varies for two reasons, both counted:
+    which sequences were drawn (the variance of the per-sequence means of
+    :func:`no_retrieval_score`'s ``per_query`` probabilities, over the
+    sequences), and which of several equally frequent values it names at a
+    query (a query right with probability ``q`` adds ``q (1 - q)``, independently
+    of the others). A score more than a few of these above
+    :func:`no_retrieval_score` shows retrieval.
+
+    Parameters
+    ----------
+    batch : MQARBatch from :func:`make_mqar`, with at least two sequences
+
+    Returns
+    -------
+    float, the standard error of the batch's mean score
+    """
+    q = no_retrieval_score(batch, per_query=True)                     # NaN where nothing is asked
+    asked = ~np.isnan(q)
+    if q.shape[0] < 2 or np.any(asked.sum(axis=1) == 0):
+        raise ValueError(f"batch: expected at least two sequences, each with a query, got {q.shape[0]} "
+                         f"sequences with {asked.sum(axis=1).min() if q.size else 0} queries in the sparest")
+    per_sequence = np.nanmean(q, axis=1)
+    tie_var = np.nansum(q * (1 - q), axis=1) / asked.sum(axis=1) ** 2
+    return float(np.sqrt((np.var(per_sequence, ddof=1) + tie_var.mean()) / len(per_sequence)))
 
 
 # ----------------------------------------------------------------------------

@@ -82,7 +82,9 @@ def best_time(fn, *args, repeats=5, blas_threads=1, **kwargs) -> float:
     """
     if not callable(fn):
         raise ValueError(f"fn: expected a callable, got {type(fn).__name__} {fn!r}")
-    repeats = 1 if timing_once() else check_positive_int(repeats, "repeats")
+    repeats = check_positive_int(repeats, "repeats")
+    if timing_once():
+        repeats = 1
     if blas_threads is not None:
         blas_threads = check_positive_int(blas_threads, "blas_threads")
     best = np.inf
@@ -145,7 +147,9 @@ def time_forms(T, d_k=128, d_v=128, *, dtype=np.float64, chunk_size=64, repeats=
     d_k = check_positive_int(d_k, "d_k")
     d_v = check_positive_int(d_v, "d_v")
     repeats = check_positive_int(repeats, "repeats")
-    rounds = 1 if timing_once() else check_positive_int(rounds, "rounds")
+    rounds = check_positive_int(rounds, "rounds")
+    if timing_once():
+        rounds = 1
     q, k, v, params = random_layer_inputs(T, d_k, d_v, layer=layer, dtype=dtype, seed=seed)
     rec, chk = LAYERS[layer]
     o_rec, _ = rec(q, k, v, **params)
@@ -308,6 +312,7 @@ def chunkwise_table(T=4096, d=128, *, layers=("delta", "gated", "kda"), dtypes=(
     limit), ``chunkwise_vs_products``) and the
     settings ``T``, ``d``, ``chunk_size``, ``repeats``, ``rounds``.
     """
+    rounds = check_positive_int(rounds, "rounds")
     if timing_once():
         rounds = 1
     dtypes = [np.dtype(x) for x in dtypes]
