@@ -761,16 +761,10 @@ def make_mqar(n_sequences, vocab_size, n_pairs, seq_len, *, n_queries=None, rng=
     MQARBatch with ``tokens`` and ``targets`` of shape ``(n_sequences, seq_len)``
     """
     b = check_positive_int(n_sequences, "n_sequences")
-    vocab = check_positive_int(vocab_size, "vocab_size", minimum=3)
-    n = check_positive_int(n_pairs, "n_pairs")
+    n_values, n, m = _mqar_sizes(vocab_size, n_pairs, n_queries)   # the checks no_retrieval_accuracy shares
     t_len = check_positive_int(seq_len, "seq_len")
-    m = n if n_queries is None else check_positive_int(n_queries, "n_queries")
-    n_keys = (vocab - 1) // 2
-    if n > n_keys:
-        raise ValueError(f"n_pairs: expected at most {n_keys} pairs, the number of distinct key tokens "
-                         f"in a vocabulary of {vocab}, got {n}")
-    if m > n:
-        raise ValueError(f"n_queries: expected at most n_pairs = {n} (each key is queried once), got {m}")
+    vocab = int(vocab_size)
+    n_keys = vocab - 1 - n_values
     if t_len < 2 * n + 2 * m:
         raise ValueError(f"seq_len: expected at least 2 * n_pairs + 2 * n_queries = {2 * n + 2 * m}, "
                          f"got {t_len}")
