@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from fixedstate import delta_rule as dr
+from fixedstate import kernels
 from fixedstate.checks import delta as chk
 
 
@@ -212,7 +213,7 @@ def test_kda_chunk_overflow_raised_inside_the_function_is_named():
     lambda q, k, v, beta, g, S: dr.kda_loop(q, k, v, beta=beta, log_gate=g, initial_state=S),
     lambda q, k, v, beta, g, S: dr.kda_chunkwise(q, k, v, beta=beta, log_gate=g, initial_state=S, chunk_size=len(q)),
     lambda q, k, v, beta, g, S: dr.kda_recurrent(q, k, v, beta=beta, log_gate=g, initial_state=S),
-    lambda q, k, v, beta, g, S: (dr._kda_prep(q[None], k[None], beta[None, :, None], np.exp(g)[None]),
+    lambda q, k, v, beta, g, S: (kernels.kda_prep(q[None], k[None], beta[None, :, None], np.exp(g)[None]),
                                  kda_chunk(q, k, v, beta, g, S))[1],
 ])
 def test_kda_chunk_check_refuses_the_package(package):

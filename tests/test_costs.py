@@ -159,24 +159,10 @@ def test_bad_input_names_the_argument(call, name):
 @pytest.mark.parametrize("layer", ["delta", "gated", "kda"])
 @pytest.mark.parametrize("T,d_k,d_v,chunk,lead", [(4096, 128, 128, 64, ()), (300, 8, 5, 64, ()), (130, 6, 7, 48, ()),
                                                   (50, 4, 3, 1, ()), (37, 5, 4, 8, (3,)), (0, 3, 2, 16, ())])
-def test_chunkwise_flops_count_the_products_the_forms_call(monkeypatch, layer, T, d_k, d_v, chunk, lead):
-    # every matrix product of the chunkwise forms goes through delta_rule._matmul or _matmul_add: count them
+def test_chunkwise_flops_count_the_products_the_forms_call(layer, T, d_k, d_v, chunk, lead):
+    # every matrix product of the chunkwise forms goes through kernels.matmul or matmul_add: record and count them
     from fixedstate import delta_rule as dr
-    counted = []
-
-    def counting_matmul(a, b, out=None):
-        batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])))
-        counted.append(2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1])
-        return np.matmul(a, b, out=out)
-
-    real_matmul_add = dr._matmul_add
-
-    def counting_matmul_add(a, b, out, keep, sign=1.0):      # out <- keep * out + sign * (a @ b), a 2-D product
-        counted.append(2 * a.shape[0] * a.shape[1] * b.shape[1])
-        return real_matmul_add(a, b, out, keep, sign)
-
-    monkeypatch.setattr(dr, "_matmul", counting_matmul)
-    monkeypatch.setattr(dr, "_matmul_add", counting_matmul_add)
+    from fixedstate import kernels
     rng = np.random.default_rng(0)
     q, k = rng.standard_normal((2,) + lead + (T, d_k))
     k /= np.linalg.norm(k, axis=-1, keepdims=True)
@@ -184,7 +170,15 @@ def test_chunkwise_flops_count_the_products_the_forms_call(monkeypatch, layer, T
     beta = rng.uniform(0, 1, lead + (T,))
     fn = {"delta": dr.delta_rule_chunkwise, "gated": dr.gated_delta_rule_chunkwise, "kda": dr.kda_chunkwise}[layer]
     gate = {} if layer == "delta" else {"log_gate": -rng.uniform(0, 1, lead + ((T, d_k) if layer == "kda" else (T,)))}
-    fn(q, k, v, beta=beta, **gate, chunk_size=chunk)
+    with kernels.recording_products() as steps:
+        fn(q, k, v, beta=beta, **gate, chunk_size=chunk)
+    counted = []
+    for kind, a, b, out, keep, sign in steps:
+        if kind == "matmul":
+            batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])))
+            counted.append(2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1])
+        else:                                                 # out <- keep * out + sign * (a @ b), a 2-D product
+            counted.append(2 * a.shape[0] * a.shape[1] * b.shape[1])
     batch = int(np.prod(lead))
     assert sum(counted) == costs.delta_rule_chunkwise_flops(T, d_k, d_v, chunk_size=chunk, layer=layer, batch=batch)
 

@@ -14,6 +14,7 @@ from hypothesis import given, strategies as st
 from _examples import examples
 
 from fixedstate import delta_rule as dr
+from fixedstate import kernels
 
 LAYERS = ("delta", "gated", "kda")
 
@@ -56,6 +57,15 @@ def gates(log_gate):
 
 def run(fn, q, k, v, beta, log_gate, **kw):
     return fn(q, k, v, beta=beta, **gates(log_gate), **kw)
+
+
+def grouped(layer, q, k, v, beta, log_gate, *, initial_state=None, chunk_size, group_bytes, range_bytes):
+    """The chunkwise form's kernel (kernels.delta_chunks) with the given group sizes; one leading axis or none."""
+    one = q.ndim == 2
+    add = (lambda x: None if x is None else x[None]) if one else (lambda x: x)
+    o, s = kernels.delta_chunks(add(q), add(k), add(v), add(beta), add(log_gate), add(initial_state), 1.0, chunk_size,
+                                layer == "kda", group_bytes=group_bytes, range_bytes=range_bytes)
+    return (o[0], s[0]) if one else (o, s)
 
 
 def reference(layer, q, k, v, beta, log_gate, **kw):
@@ -165,18 +175,19 @@ def test_forms_agree_hypothesis(layer, T, d_k, d_v, chunk, seed, with_state):
 
 
 @pytest.mark.parametrize("layer", LAYERS)
-def test_forms_agree_over_many_chunk_groups(layer, monkeypatch):
+def test_forms_agree_over_many_chunk_groups(layer):
     # groups of 128 tokens of d = 4, ranges of 3 chunks of 128 (chunk_size 100): several of each
-    monkeypatch.setattr(dr, "_GROUP_BYTES", 128 * 4 * 8)
-    monkeypatch.setattr(dr, "_RANGE_BYTES", 3 * 128 * 128 * 8)
+    sizes = {"group_bytes": 128 * 4 * 8, "range_bytes": 3 * 128 * 128 * 8}
     rng = np.random.default_rng(12)
     T, d_k, d_v = 1300, 4, 3
     q, k, v, beta, lg = make_inputs(rng, T, d_k, d_v, layer, gate_low=0.9)
     s0 = rng.standard_normal((d_k, d_v))
     o_rec, s_rec = run(recurrent_fn(layer), q, k, v, beta, lg, initial_state=s0)
     for chunk in (16, 100):
-        o_chk, s_chk = run(chunkwise_fn(layer), q, k, v, beta, lg, initial_state=s0, chunk_size=chunk)
+        o_chk, s_chk = grouped(layer, q, k, v, beta, lg, initial_state=s0, chunk_size=chunk, **sizes)
         assert rel_err(o_chk, o_rec) <= 1e-10 and rel_err(s_chk, s_rec) <= 1e-10
+        o_one, s_one = run(chunkwise_fn(layer), q, k, v, beta, lg, initial_state=s0, chunk_size=chunk)
+        assert np.array_equal(o_chk, o_one) and np.array_equal(s_chk, s_one)   # grouping changes no bit
 
 
 # --------------------------------------------------------------------------- leading axes
@@ -239,14 +250,13 @@ def test_batched_step_equals_loop_over_items(layer):
 
 
 @pytest.mark.parametrize("layer", LAYERS)
-def test_long_batch_over_several_chunk_groups(layer, monkeypatch):
+def test_long_batch_over_several_chunk_groups(layer):
     # 3 sequences in groups of 32 tokens of d = 4 (two sequences side by side, then one), ranges of 3 chunks
-    monkeypatch.setattr(dr, "_GROUP_BYTES", 32 * 4 * 8)
-    monkeypatch.setattr(dr, "_RANGE_BYTES", 3 * 2 * 16 * 16 * 8)
+    sizes = {"group_bytes": 32 * 4 * 8, "range_bytes": 3 * 2 * 16 * 16 * 8}
     rng = np.random.default_rng(41)
     lead, T, d_k, d_v = (3,), 300, 4, 3
     q, k, v, beta, lg = make_inputs(rng, T, d_k, d_v, layer, lead=lead, gate_low=0.8)
-    o, s = run(chunkwise_fn(layer), q, k, v, beta, lg, chunk_size=16)
+    o, s = grouped(layer, q, k, v, beta, lg, chunk_size=16, **sizes)
     for i in range(3):
         oi, si = reference(layer, q[i], k[i], v[i], beta[i], None if lg is None else lg[i])
         assert rel_err(o[i], oi) <= 1e-11 and rel_err(s[i], si) <= 1e-11
@@ -696,7 +706,7 @@ def test_matmul_add_is_keep_times_out_plus_the_signed_product(dtype, layout):
     out = rng.standard_normal((6, 4)).astype(dtype)
     for keep, sign in ((0.5, 1.0), (1.0, -1.0), (0.0, 1.0)):
         expected = keep * out.astype(np.float64) + sign * (a.astype(np.float64) @ b.astype(np.float64))
-        res = dr._matmul_add(a, b, out, keep, sign)
+        res = kernels.matmul_add(a, b, out, keep, sign)
         assert res is out and out.dtype == dtype
         tol = 1e-5 if dtype == np.float32 else 1e-13
         assert np.max(np.abs(out - expected)) <= tol * max(1.0, np.max(np.abs(expected)))

@@ -325,9 +325,10 @@ def test_mqar_answers_read_the_package_layer_at_query_positions():
     # rebuild the hand-wired layer independently
     rng = np.random.default_rng(5)
     emb_k = np.zeros((21, 8))
-    emb_k[batch.key_tokens] = rc._random_unit(rng, (batch.key_tokens.size, 8))
+    unit = lambda shape: (lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True))(rng.standard_normal(shape))
+    emb_k[batch.key_tokens] = unit((batch.key_tokens.size, 8))                 # random unit vectors, as mqar_answers
     emb_v = np.zeros((21, 8))
-    emb_v[batch.value_tokens] = rc._random_unit(rng, (batch.value_tokens.size, 8))
+    emb_v[batch.value_tokens] = unit((batch.value_tokens.size, 8))
     tok = batch.tokens[0]
     state = np.zeros((8, 8))
     for t in range(20):

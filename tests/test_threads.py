@@ -5,6 +5,7 @@ import pytest
 from threadpoolctl import ThreadpoolController, threadpool_limits
 
 from fixedstate import delta_rule as dr
+from fixedstate import kernels
 from fixedstate._threads import one_blas_thread
 
 BLAS = ThreadpoolController().select(user_api="blas")
@@ -19,22 +20,8 @@ def blas_threads():
 @pytest.mark.parametrize("caller_threads", [1, 2, 3])
 @pytest.mark.parametrize("name", ["delta_rule_chunkwise", "gated_delta_rule_chunkwise", "kda_chunkwise",
                                   "delta_rule_recurrent", "gated_delta_rule_recurrent", "kda_recurrent"])
-def test_forms_use_one_blas_thread_and_restore_the_callers_setting(monkeypatch, name, caller_threads):
-    seen = []
-    real_matmul = np.matmul
-
-    def watching_matmul(*args, **kwargs):
-        seen.append(max(blas_threads()))
-        return real_matmul(*args, **kwargs)
-
-    real_matmul_add = dr._matmul_add
-
-    def watching_matmul_add(*args, **kwargs):
-        seen.append(max(blas_threads()))
-        return real_matmul_add(*args, **kwargs)
-
-    monkeypatch.setattr(dr, "_matmul", watching_matmul)
-    monkeypatch.setattr(dr, "_matmul_add", watching_matmul_add)
+def test_forms_use_one_blas_thread_and_restore_the_callers_setting(name, caller_threads):
+    seen = []                                          # the BLAS threads in force at each product
     rng = np.random.default_rng(0)
     T, d = 40, 4
     q, k, v = rng.standard_normal((3, T, d))
@@ -42,7 +29,8 @@ def test_forms_use_one_blas_thread_and_restore_the_callers_setting(monkeypatch, 
         "log_gate": -rng.uniform(0, 1, (T, d) if name.startswith("kda") else T)}
     with threadpool_limits(caller_threads, user_api="blas"):
         before = blas_threads()
-        getattr(dr, name)(q, k, v, beta=rng.uniform(0, 1, T), **gate)
+        with kernels.recording_products(on_product=lambda step: seen.append(max(blas_threads()))):
+            getattr(dr, name)(q, k, v, beta=rng.uniform(0, 1, T), **gate)
         assert blas_threads() == before                 # the caller's setting is back
     if name.endswith("chunkwise"):
         assert seen and set(seen) == {1}                # every product ran with one thread

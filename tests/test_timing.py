@@ -10,6 +10,7 @@ from _examples import examples
 
 from fixedstate import delta_rule as dr
 from fixedstate import hybrid as hy
+from fixedstate import kernels
 from fixedstate import timing
 
 
@@ -107,8 +108,9 @@ def test_products_replay_makes_exactly_the_counted_products(layer, T, d_k, d_v, 
     batch = int(np.prod(lead, dtype=np.int64))
     assert flops == timing.delta_rule_chunkwise_flops(T, d_k, d_v, chunk_size=chunk, layer=layer, batch=batch)
     assert replay() is None and replay() is None                     # runs, and runs again
-    assert dr._matmul is np.matmul                                    # the form's own products are back in place
-    again, _ = timing.LAYERS[layer][1](q, k, v, chunk_size=chunk, **params)
+    with kernels.recording_products() as after:                      # the recording ended with the call
+        again, _ = timing.LAYERS[layer][1](q, k, v, chunk_size=chunk, **params)
+    assert len(after) == len(replay.steps)
     np.testing.assert_array_equal(again, out)
 
 
@@ -128,23 +130,9 @@ def test_products_replay_operands_have_the_forms_shapes_strides_and_dtypes(layer
     # operand by operand, the replay's arrays are laid out as the form's: the h x h blocks of the UT transform's
     # inverse keep the row pitch of the C x C matrix they are cut from, the first C rows of [W; Gamma Q] their gaps
     q, k, v, params = timing.random_layer_inputs(512, 32, 16, layer=layer, dtype=dtype)
-    seen = []
-    real = dr._matmul, dr._matmul_add
-
-    def spy(a, b, out=None):
-        res = real[0](a, b, out=out)
-        seen.append((a, b, res))
-        return res
-
-    def spy_add(a, b, out, keep, sign=1.0):
-        seen.append((a, b, out))
-        return real[1](a, b, out, keep, sign)
-
-    dr._matmul, dr._matmul_add = spy, spy_add
-    try:
+    with kernels.recording_products() as steps:
         timing.LAYERS[layer][1](q, k, v, chunk_size=32, **params)
-    finally:
-        dr._matmul, dr._matmul_add = real
+    seen = [(a, b, out) for _, a, b, out, _, _ in steps]
     replay, _ = timing.products_replay(layer, q, k, v, chunk_size=32, **params)
     assert len(replay.steps) == len(seen)
     gapped = 0
@@ -156,13 +144,19 @@ def test_products_replay_operands_have_the_forms_shapes_strides_and_dtypes(layer
     assert gapped > 0                   # the case that a contiguous copy would get wrong is among them
 
 
-def test_products_replay_refuses_an_unknown_layer_and_restores_the_products_on_an_error():
+def test_products_replay_refuses_an_unknown_layer_and_ends_its_recording_on_an_error():
     q, k, v, params = timing.random_layer_inputs(16, 4, 4, layer="gated")
-    with pytest.raises(ValueError, match="layer"):
-        timing.products_replay("mamba", q, k, v, **params)
-    with pytest.raises(ValueError, match="beta"):
-        timing.products_replay("gated", q, k, v, beta=params["beta"] + 5, log_gate=params["log_gate"])
-    assert dr._matmul is np.matmul
+    a, b = np.ones((2, 3)), np.ones((3, 2))
+    with kernels.recording_products() as outer:
+        with pytest.raises(ValueError, match="layer"):
+            timing.products_replay("mamba", q, k, v, **params)
+        with pytest.raises(ValueError, match="beta"):
+            timing.products_replay("gated", q, k, v, beta=params["beta"] + 5, log_gate=params["log_gate"])
+        kernels.matmul(a, b)
+    # the failed recordings are over: the caller's own recording is back and saw only its own product
+    assert [(kind, x is a, y is b) for kind, x, y, *_ in outer] == [("matmul", True, True)]
+    kernels.matmul(a, b)
+    assert len(outer) == 1                                  # and no recording outlives its block
 
 
 def test_chunkwise_table_rows_run_under_the_callers_threads_and_under_one_thread():

@@ -39,12 +39,12 @@ import math
 
 import numpy as np
 
-from . import delta_rule as _dr
 from ._threads import one_blas_thread
 from ._validate import (Arg, as_float_array, check_interval, check_log_gate, check_positive_int, check_real_number,
                         prepare_layer_args)
-from .delta_rule import _flat
 from .gated_linear_attention import gla_recurrent
+from .kernels import (GROUP_BYTES, blocks, chunk_grid, delta_chunks, flat, levels, split_chunks,
+                      unit_lower_inverse)
 
 __all__ = [
     "deltaproduct_step", "deltaproduct_recurrent", "deltaproduct_chunkwise",
@@ -150,8 +150,8 @@ def deltaproduct_recurrent(q, k, v, *, beta, log_gate=None, scale=1.0, initial_s
     """
     lead, q, k, v, beta, g, S, scale = _prepare_product(q, k, v, beta, log_gate, scale, initial_state)
     T, d_v = q.shape[-2], v.shape[-1]
-    out, S = _product_recurrent(_flat(q, lead, 2), _flat(k, lead, 3), _flat(v, lead, 3), _flat(beta, lead, 2),
-                                _flat(g, lead, 1), _flat(S, lead, 2), scale)
+    out, S = _product_recurrent(flat(q, lead, 2), flat(k, lead, 3), flat(v, lead, 3), flat(beta, lead, 2),
+                                flat(g, lead, 1), flat(S, lead, 2), scale)
     return out.reshape(lead + (T, d_v)), S.reshape(lead + S.shape[1:])
 
 
@@ -173,13 +173,13 @@ def deltaproduct_chunkwise(q, k, v, *, beta, log_gate=None, scale=1.0, initial_s
     d_v = v.shape[-1]
     B = math.prod(lead)
     qs = np.zeros((B, T, n_h, d_k), dtype=q.dtype)
-    qs[:, :, -1] = _flat(q, lead, 2)                                   # the query reads after the last step
+    qs[:, :, -1] = flat(q, lead, 2)                                   # the query reads after the last step
     gs = np.zeros((B, T, n_h), dtype=q.dtype)
     if g is not None:
-        gs[:, :, 0] = _flat(g, lead, 1)                                # the decay comes before the first step
-    out, S = _dr._chunkwise(qs.reshape(B, T * n_h, d_k), _flat(k, lead, 3).reshape(B, T * n_h, d_k),
-                            _flat(v, lead, 3).reshape(B, T * n_h, d_v), _flat(beta, lead, 2).reshape(B, T * n_h),
-                            gs.reshape(B, T * n_h), _flat(S, lead, 2), scale, chunk_size, False)
+        gs[:, :, 0] = flat(g, lead, 1)                                # the decay comes before the first step
+    out, S = delta_chunks(qs.reshape(B, T * n_h, d_k), flat(k, lead, 3).reshape(B, T * n_h, d_k),
+                          flat(v, lead, 3).reshape(B, T * n_h, d_v), flat(beta, lead, 2).reshape(B, T * n_h),
+                          gs.reshape(B, T * n_h), flat(S, lead, 2), scale, chunk_size, False)
     out = out.reshape(B, T, n_h, d_v)[:, :, -1]
     return np.ascontiguousarray(out).reshape(lead + (T, d_v)), S.reshape(lead + (d_k, d_v))
 
@@ -258,7 +258,7 @@ def rwkv7_recurrent(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None):
     """
     lead, q, k, v, lw, a, b, S, scale = _prepare_rwkv7(q, k, v, log_w, a, b, scale, initial_state)
     T, d_v = q.shape[-2], v.shape[-1]
-    out, S = _rwkv7_scan(*(_flat(x, lead, 2) for x in (q, k, v, lw, a, b, S)), scale)
+    out, S = _rwkv7_scan(*(flat(x, lead, 2) for x in (q, k, v, lw, a, b, S)), scale)
     return out.reshape(lead + (T, d_v)), S.reshape(lead + S.shape[1:])
 
 
@@ -267,7 +267,7 @@ def _rwkv7_pairs(w, q, k, a, b):
 
     ``w``: (N, C, d_k) per-token decays (each in [0, 1]); ``q, k, a, b``: (N, C, d_k), C a
     power of two. Level by level over halves of the chunk, as
-    :func:`fixedstate.delta_rule._chunk_decays`: a pair i < r in the halves F, G of a block
+    :func:`fixedstate.kernels.chunk_decays`: a pair i < r in the halves F, G of a block
     factors through F's last token p. The output pairs (``eq-fam-rwkv7-chunk-out``) decay
     from i + 1 through r, ``fwd[r] bwd[i]`` with ``fwd`` inclusive (G's start through r); the
     removal reads (``eq-fam-rwkv7-chunk-u``) see the state *before* token r, so their pairs
@@ -284,7 +284,7 @@ def _rwkv7_pairs(w, q, k, a, b):
     fwd = w.copy()
     fwd_excl = np.ones_like(w)
     bwd = np.ones_like(w)
-    for h in _dr._levels(C):
+    for h in levels(C):
         shape = (N, C // (2 * h), 2, h, d_k)
         f, fe, bw = fwd.reshape(shape), fwd_excl.reshape(shape), bwd.reshape(shape)
         qs, ks, as_, bs = (x.reshape(shape) for x in (q, k, a, b))
@@ -295,10 +295,10 @@ def _rwkv7_pairs(w, q, k, a, b):
         np.multiply(bs[:, :, 0], bw[:, :, 0], out=right[:, :, :h])            # b_i bwd[i], i in F
         np.multiply(ks[:, :, 0], bw[:, :, 0], out=right[:, :, h:])            # k_i bwd[i]
         both = np.matmul(left, right.swapaxes(-1, -2))                         # (N, C/2h, 2h, 2h)
-        _dr._blocks(qb, h, h, 0)[...] = both[:, :, :h, :h]
-        _dr._blocks(qk, h, h, 0)[...] = both[:, :, :h, h:]
-        _dr._blocks(ab, h, h, 0)[...] = both[:, :, h:, :h]
-        _dr._blocks(ak, h, h, 0)[...] = both[:, :, h:, h:]
+        blocks(qb, h, h, 0)[...] = both[:, :, :h, :h]
+        blocks(qk, h, h, 0)[...] = both[:, :, :h, h:]
+        blocks(ab, h, h, 0)[...] = both[:, :, h:, :h]
+        blocks(ak, h, h, 0)[...] = both[:, :, h:, h:]
         bw[:, :, 0] *= f[:, :, 1, -1:]                                         # bwd over F: times G's product
         fe[:, :, 1] *= f[:, :, 0, -1:]                                         # both fwd over G: times F's
         f[:, :, 1] *= f[:, :, 0, -1:]
@@ -319,7 +319,7 @@ def _rwkv7_group(qc, kc, vc, ac, bc, w, S):
     qc, kc, vc, ac, bc = (flat(x) for x in (qc, kc, vc, ac, bc))
     qb, qk, ab, ak, gamma, gamma_excl, to_end = _rwkv7_pairs(flat(w), qc, kc, ac, bc)
     # eq-fam-rwkv7-chunk-u: (I - L_ab) U = L_ak V + (A o Gamma^-) S_0, so U = U~ + W S_0
-    ut = _dr._unit_lower_inverse(-ab)                                         # (I - L_ab)^{-1}
+    ut = unit_lower_inverse(-ab)                                              # (I - L_ab)^{-1}
     u_free = np.matmul(ut, np.matmul(ak, vc))                                 # U~ = T L_ak V
     reads = np.empty((B * g, 2 * C, d_k), dtype=dtype)                        # [W; Gamma o Q]
     np.matmul(ut, ac * gamma_excl, out=reads[:, :C])
@@ -347,30 +347,37 @@ def _rwkv7_group(qc, kc, vc, ac, bc, w, S):
 
 
 @one_blas_thread
-def _rwkv7_chunks(q, k, v, log_w, a, b, S, scale, chunk_size):
-    """q, k, log_w, a, b: (B, T, d_k); v: (B, T, d_v); S: (B, d_k, d_v) or None.
+def rwkv7_chunks(q, k, v, log_w, a, b, S, scale, chunk_size, *, group_bytes=None):
+    """The kernel of :func:`rwkv7_chunkwise` on flattened arrays (``eq-fam-rwkv7-chunk-u``,
+    ``eq-fam-rwkv7-chunk-out``, ``eq-fam-rwkv7-chunk-state``), one BLAS thread.
+
+    ``q, k, log_w, a, b``: (B, T, d_k); ``v``: (B, T, d_v); ``S``: (B, d_k, d_v) or None
+    (zeros); ``chunk_size`` an integer >= 1. No validation: :func:`rwkv7_chunkwise`
+    validates, flattens the leading axes and calls it (it is not in ``__all__``).
+    Returns the outputs (B, T, d_v), times ``scale``, and the final state.
 
     The chunks go through :func:`_rwkv7_group` in groups of consecutive chunks whose
-    (tokens x d) arrays take about ``delta_rule._GROUP_BYTES``, so that a group's
-    intermediate arrays stay in the processor's cache; the result does not depend
-    on the group size.
+    (tokens x d) arrays take about ``group_bytes`` (default
+    :data:`fixedstate.kernels.GROUP_BYTES`), so that a group's intermediate arrays
+    stay in the processor's cache; the result does not depend on the group size
+    (the tests pass small ones).
     """
     B, T, d_k = q.shape
     d_v = v.shape[-1]
     dtype = q.dtype
     C = chunk_size
-    C2 = 1 << (C - 1).bit_length()                  # C rounded up to a power of two
-    n = max(1, -(-T // C))
+    C2, n = chunk_grid(T, C)                        # n chunks, C rounded up to a power of two
 
     def chunks(x, fill=0.0):
-        return _dr._split_chunks(x, fill, chunk_size=C)
+        return split_chunks(x, fill, chunk_size=C)
 
     # Padding tokens have q = k = v = a = b = 0 and decay 1: they leave the state unchanged.
     qc, kc, vc, ac, bc = (chunks(x) for x in (q, k, v, a, b))
     w = chunks(np.exp(log_w), fill=1.0)              # per-token decays, exponents <= 0
     S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
     out = np.empty((B, n, C2, d_v), dtype=dtype)
-    group_tokens = max(C2, _dr._GROUP_BYTES // (max(d_k, d_v) * dtype.itemsize))
+    group_bytes = GROUP_BYTES if group_bytes is None else group_bytes
+    group_tokens = max(C2, group_bytes // (max(d_k, d_v) * dtype.itemsize))
     group = max(1, group_tokens // (C2 * B))                          # consecutive chunks per group
     for g0 in range(0, n, group):
         sl = slice(g0, min(n, g0 + group))
@@ -398,7 +405,7 @@ def rwkv7_chunkwise(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None, chun
     chunk_size = check_positive_int(chunk_size, "chunk_size")
     lead, q, k, v, lw, a, b, S, scale = _prepare_rwkv7(q, k, v, log_w, a, b, scale, initial_state)
     T, d_v = q.shape[-2], v.shape[-1]
-    out, S = _rwkv7_chunks(*(_flat(x, lead, 2) for x in (q, k, v, lw, a, b, S)), scale, chunk_size)
+    out, S = rwkv7_chunks(*(flat(x, lead, 2) for x in (q, k, v, lw, a, b, S)), scale, chunk_size)
     return out.reshape(lead + (T, d_v)), S.reshape(lead + S.shape[1:])
 
 

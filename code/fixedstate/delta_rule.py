@@ -43,7 +43,7 @@ equations:
   level over halves of the chunk, so no exponent is ever positive (no
   ``1/Gamma`` is ever formed). These forms run their matrix products with one
   BLAS thread whatever the caller's setting, restored on return (see
-  ``fixedstate._threads``);
+  ``fixedstate._threads``); their chunk machinery is :func:`fixedstate.kernels.delta_chunks`;
 - :func:`gated_delta_rule_loop`, :func:`kda_loop`: the token loop for one
   sequence, line by line the equations (DeltaNet is ``log_gate = 0``);
 - :func:`gated_delta_rule_chunk`: one chunk of the chunkwise form, line by line
@@ -60,18 +60,16 @@ models avoid it by L2-normalising keys.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 
 import numpy as np
-from scipy.linalg import blas as scipy_blas
 from scipy.linalg import solve_triangular
 from scipy.special import expit
 
-from ._threads import one_blas_thread
 from ._validate import (Arg, as_float_array, as_float_batch, broadcast_leading, check_interval, check_log_gate,
                         check_positive_int, float_dtype, prepare_layer_args)
+from .kernels import delta_chunks, delta_scan, delta_step, flat
 
 __all__ = [
     "delta_rule_step", "gated_delta_rule_step", "kda_step",
@@ -106,25 +104,7 @@ def _prepare(q, k, v, beta, log_gate, scale, initial_state, *, gate, tokens=True
     return lead, q, k, v, beta, arrays[4] if gate is not None else None, initial_state, scale
 
 
-def _flat(x, lead, n_core):
-    """Merge the leading axes into one (a view when possible)."""
-    return None if x is None else x.reshape((math.prod(lead),) + x.shape[x.ndim - n_core:])
-
-
 # --------------------------------------------------------------------------- one token
-
-def _step(q, k, v, beta, log_gate, S, scale, channelwise):
-    """One token on arrays with leading axes; S None means zeros."""
-    if S is None:
-        S = np.zeros(q.shape[:-1] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
-    if log_gate is not None:
-        decay = np.exp(log_gate)                                       # exponent <= 0
-        S = S * (decay[..., :, None] if channelwise else decay[..., None, None])
-    error = v - np.matmul(k[..., None, :], S)[..., 0, :]              # v - (G S)^T k
-    S = S + (beta[..., None] * k)[..., :, None] * error[..., None, :]  # + beta k error^T
-    o = np.matmul(q[..., None, :], S)[..., 0, :]                       # S_t^T q
-    return (o * o.dtype.type(scale) if scale != 1.0 else o), S
-
 
 def delta_rule_step(q, k, v, *, beta, scale=1.0, initial_state=None):
     """One DeltaNet step, ``eq-dr-delta`` then ``eq-dr-readout``.
@@ -145,7 +125,7 @@ def delta_rule_step(q, k, v, *, beta, scale=1.0, initial_state=None):
     """
     lead, q, k, v, beta, _, S, scale = _prepare(q, k, v, beta, None, scale, initial_state,
                                                 gate=None, tokens=False)
-    return _step(q, k, v, beta, None, S, scale, False)
+    return delta_step(q, k, v, beta, None, S, scale, False)
 
 
 def gated_delta_rule_step(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None):
@@ -166,7 +146,7 @@ def gated_delta_rule_step(q, k, v, *, beta, log_gate, scale=1.0, initial_state=N
     """
     lead, q, k, v, beta, g, S, scale = _prepare(q, k, v, beta, log_gate, scale, initial_state,
                                                 gate="scalar", tokens=False)
-    return _step(q, k, v, beta, g, S, scale, False)
+    return delta_step(q, k, v, beta, g, S, scale, False)
 
 
 def kda_step(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None):
@@ -188,7 +168,7 @@ def kda_step(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None):
     """
     lead, q, k, v, beta, g, S, scale = _prepare(q, k, v, beta, log_gate, scale, initial_state,
                                                 gate="channel", tokens=False)
-    return _step(q, k, v, beta, g, S, scale, True)
+    return delta_step(q, k, v, beta, g, S, scale, True)
 
 
 def additive_step(state, key, value):
@@ -241,45 +221,12 @@ def kda_log_gate(z, g_min=-5.0):
 
 # --------------------------------------------------------------------------- recurrent scans
 
-@one_blas_thread
-def _recurrent(q, k, v, beta, log_gate, S, scale, channelwise):
-    """The scan over tokens; q, k, v: (B, T, d), beta: (B, T), log_gate: (B, T[, d_k]), S: (B, d_k, d_v)."""
-    B, T, d_k = k.shape
-    d_v = v.shape[-1]
-    dtype = q.dtype
-    S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
-    beta_keys = beta[..., None] * k
-    if log_gate is not None:
-        decays = np.exp(log_gate)                                      # exponents <= 0
-        decays = decays[..., None] if channelwise else decays[..., None, None]
-    outputs = np.empty((B, T, d_v), dtype=dtype)
-    if B == 1:  # one sequence: plain vector-matrix products are the fastest
-        S2, q2, k2, v2, bk2, out2 = S[0], q[0], k[0], v[0], beta_keys[0], outputs[0]
-        d2 = None if log_gate is None else decays[0]
-        for t in range(T):
-            if d2 is not None:
-                S2 *= d2[t]
-            error = v2[t] - k2[t] @ S2
-            S2 += np.multiply.outer(bk2[t], error)
-            out2[t] = q2[t] @ S2
-    else:
-        for t in range(T):
-            if log_gate is not None:
-                S *= decays[:, t]
-            error = v[:, t] - np.matmul(k[:, t, None, :], S)[:, 0]
-            S += beta_keys[:, t, :, None] * error[:, None, :]
-            outputs[:, t] = np.matmul(q[:, t, None, :], S)[:, 0]
-    if scale != 1.0:
-        outputs *= dtype.type(scale)
-    return outputs, S
-
-
 def _run(form, q, k, v, beta, log_gate, scale, initial_state, gate, *extra):
     lead, q, k, v, beta, g, S, scale = _prepare(q, k, v, beta, log_gate, scale, initial_state, gate=gate)
     T = q.shape[-2]
     channelwise = gate == "channel"
-    out, S = form(_flat(q, lead, 2), _flat(k, lead, 2), _flat(v, lead, 2), _flat(beta, lead, 1),
-                  _flat(g, lead, 1 + channelwise), _flat(S, lead, 2), scale, *extra, channelwise)
+    out, S = form(flat(q, lead, 2), flat(k, lead, 2), flat(v, lead, 2), flat(beta, lead, 1),
+                  flat(g, lead, 1 + channelwise), flat(S, lead, 2), scale, *extra, channelwise)
     return out.reshape(lead + (T, v.shape[-1])), S.reshape(lead + S.shape[1:])
 
 
@@ -296,7 +243,7 @@ def delta_rule_recurrent(q, k, v, *, beta, scale=1.0, initial_state=None):
     -------
     outputs : (..., T, d_v) array. final_state : (..., d_k, d_v) array.
     """
-    return _run(_recurrent, q, k, v, beta, None, scale, initial_state, None)
+    return _run(delta_scan, q, k, v, beta, None, scale, initial_state, None)
 
 
 def gated_delta_rule_recurrent(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None):
@@ -312,7 +259,7 @@ def gated_delta_rule_recurrent(q, k, v, *, beta, log_gate, scale=1.0, initial_st
     -------
     outputs : (..., T, d_v) array. final_state : (..., d_k, d_v) array.
     """
-    return _run(_recurrent, q, k, v, beta, log_gate, scale, initial_state, "scalar")
+    return _run(delta_scan, q, k, v, beta, log_gate, scale, initial_state, "scalar")
 
 
 def kda_recurrent(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None):
@@ -328,7 +275,7 @@ def kda_recurrent(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None):
     -------
     outputs : (..., T, d_v) array. final_state : (..., d_k, d_v) array.
     """
-    return _run(_recurrent, q, k, v, beta, log_gate, scale, initial_state, "channel")
+    return _run(delta_scan, q, k, v, beta, log_gate, scale, initial_state, "channel")
 
 
 # --------------------------------------------------------------------------- reference functions
@@ -404,344 +351,10 @@ def gated_delta_rule_chunk(q, k, v, *, beta, log_gate, scale=1.0, initial_state=
 
 # --------------------------------------------------------------------------- chunkwise form
 #
-# How the fast form computes the decays inside a chunk. The decay between tokens i <= r
-# of one chunk is e^{b_r - b_i} = alpha_{i+1} ... alpha_r, a product of per-token decays
-# alpha_t = e^{log_gate_t} <= 1 (one per key channel for KDA). The products are built
-# level by level. At level h the chunk is cut into aligned blocks of 2h tokens, each a
-# first half F and a second half G of h tokens, and two running products are kept:
-#
-#   fwd[r]  = alpha_s ... alpha_r         (s the first token of r's block of h)
-#   bwd[i]  = alpha_{i+1} ... alpha_e     (e the last token of i's block of h)
-#
-# For r in G and i in F the decay factors through the boundary between the halves:
-# e^{b_r - b_i} = bwd[i] * fwd[r], two factors <= 1. Then the halves merge (fwd on G is
-# multiplied by F's product, bwd on F by G's product) and h doubles. Every pair i < r
-# meets at exactly one level. For Gated DeltaNet the factors are numbers: they fill the
-# C x C decay matrix, which scales the products q_r^T k_i. For KDA they are vectors over
-# the key channels and scale the rows of Q, K before the products, so each level's
-# pairs are one batched matrix product (secondary chunking, down to single tokens).
-# The only exponentials are alpha_t = e^{log_gate_t}: no exponent is ever positive, and
-# no 1/Gamma is formed. At the top level fwd is Gamma_r = e^{b_r} and bwd is
-# e^{b_C - b_i}, the two decays of eq-dr-chunk-out and eq-dr-chunk-state.
-#
-# The same levels invert the unit lower-triangular I + A of the UT transform: the inverse
-# of a block of 2h tokens is [[T_F, 0], [-T_G A_GF T_F, T_G]] with T_F, T_G the inverses
-# of its halves. Chunks that are not a power of two long get padding tokens (key 0,
-# beta 0, log-decay 0) at their end, which change nothing.
-
-_matmul = np.matmul   # every matrix product of the chunkwise form goes through this name or _matmul_add
-# The products that _matmul_add does in one gemm call. scipy's BLAS (its own OpenBLAS build) is
-# used for float64 only: in float32 its gemm ran about a fifth slower than numpy's on these shapes
-# (64 to 128 rows and columns), more than the passes over the result that it saves.
-_GEMM = {np.dtype(np.float64): scipy_blas.dgemm}
-
-
-def _fortran(x):
-    """``(y, trans)`` with ``y`` F-contiguous and ``op(y) = x^T`` for BLAS, or None if x is neither layout."""
-    if x.flags.c_contiguous:
-        return x.T, 0
-    if x.flags.f_contiguous:
-        return x, 1
-    return None
-
-
-def _matmul_add(a, b, out, keep, sign=1.0):
-    """``out <- keep * out + sign * (a @ b)`` for 2-D arrays in one BLAS call (gemm's alpha and beta).
-
-    ``out`` C-contiguous. A state update ``S <- g S + K^T U`` or ``U <- U~ - W S``
-    without the passes over the result that scaling, adding or subtracting
-    would take. Counted like a product of ``a`` and ``b``.
-    """
-    gemm = _GEMM.get(out.dtype)
-    fa, fb = _fortran(a), _fortran(b)
-    if gemm is None or fa is None or fb is None or not out.flags.c_contiguous or a.dtype != out.dtype \
-            or b.dtype != out.dtype:
-        product = np.matmul(a, b)
-        if keep != 1.0:
-            out *= keep
-        if sign != 1.0:
-            product *= sign
-        out += product
-        return out
-    # in Fortran's column-major view out is out^T: out^T <- keep out^T + sign b^T a^T
-    (y_b, trans_b), (y_a, trans_a) = fb, fa
-    res = gemm(float(sign), y_b, y_a, beta=float(keep), c=out.T, trans_a=trans_b, trans_b=trans_a, overwrite_c=1)
-    if not np.shares_memory(res, out):
-        out[...] = res.T
-    return out
-
-
-def _levels(C):
-    """The half-block sizes h = 1, 2, 4, ..., C/2 of a chunk of C (a power of two) tokens."""
-    h = 1
-    while h < C:
-        yield h
-        h *= 2
-
-
-def _blocks(x, h, row0, col0):
-    """A writable view (N, C/(2h), h, h) of blocks of x (N, R, C), a C-contiguous array.
-
-    Block j is x[:, row0 + 2hj : row0 + 2hj + h, col0 + 2hj : col0 + 2hj + h]: with
-    (row0, col0) = (h, 0) the lower-left quarters of the diagonal blocks of 2h, with
-    (0, 0) and (h, h) their two diagonal halves.
-    """
-    N, R, C = x.shape
-    item = x.itemsize
-    return np.ndarray((N, C // (2 * h), h, h), x.dtype, x, offset=(row0 * C + col0) * item,
-                      strides=(R * C * item, 2 * h * (C + 1) * item, C * item, item))
-
-
-def _chunk_decays(alpha, decay=None, q=None, k=None, qk=None, kk=None):
-    """Decays inside each chunk, level by level; for KDA also the decayed pair products.
-
-    ``alpha``: (N, C) per-token decays (Gated DeltaNet) or (N, C, d_k) (KDA), C a
-    power of two. Returns ``gamma`` (e^{b_r}, shaped like alpha) and ``to_end``
-    (e^{b_C - b_i}). Scalar gates: writes e^{b_r - b_i} (i < r) into ``decay``
-    (N, C, C). Per-channel gates: writes the decayed products sum_c q_rc k_ic
-    e^{b_rc - b_ic} (i < r) into ``qk`` and the same with k_r into ``kk``.
-    """
-    N, C = alpha.shape[:2]
-    channels = alpha.shape[2:]
-    fwd = alpha.copy()
-    bwd = np.ones_like(alpha)
-    for h in _levels(C):
-        shape = (N, C // (2 * h), 2, h) + channels
-        f, b = fwd.reshape(shape), bwd.reshape(shape)
-        if not channels:
-            np.multiply(f[:, :, 1, :, None], b[:, :, 0, None, :], out=_blocks(decay, h, h, 0))
-        else:
-            qb, kb = q.reshape(shape), k.reshape(shape)
-            left = np.empty((N, C // (2 * h), 2 * h) + channels, dtype=alpha.dtype)
-            np.multiply(qb[:, :, 1], f[:, :, 1], out=left[:, :, :h])       # q_r fwd[r], r in G
-            np.multiply(kb[:, :, 1], f[:, :, 1], out=left[:, :, h:])       # k_r fwd[r]
-            right = kb[:, :, 0] * b[:, :, 0]                                 # k_i bwd[i], i in F
-            both = _matmul(left, right.swapaxes(-1, -2))                     # (N, C/2h, 2h, h)
-            _blocks(qk, h, h, 0)[...] = both[:, :, :h]
-            _blocks(kk, h, h, 0)[...] = both[:, :, h:]
-        b[:, :, 0] *= f[:, :, 1, -1:]                                        # bwd over F: times G's product
-        f[:, :, 1] *= f[:, :, 0, -1:]                                        # fwd over G: times F's product
-    return fwd, bwd
-
-
-def _unit_lower_inverse(a):
-    """(I + A)^{-1} for A the strictly lower part of ``a`` (N, C, C), by doubling blocks.
-
-    The blocks of 4 on the diagonal are written entry by entry (forward
-    substitution, each entry one array over all blocks); from there the blocks
-    double by products.
-    """
-    N, C, _ = a.shape
-    inv = np.zeros((N, C, C), dtype=a.dtype)
-    inv.reshape(N, C * C)[:, ::C + 1] = 1.0
-    first = 1
-    if C >= 4:
-        item = a.itemsize
-        strides = (C * C * item, 4 * (C + 1) * item, C * item, item)     # the (N, C/4, 4, 4) diagonal blocks
-        d = np.ndarray((N, C // 4, 4, 4), a.dtype, a, strides=strides)
-        t = np.ndarray((N, C // 4, 4, 4), a.dtype, inv, strides=strides)
-        for r in range(1, 4):                                             # t_rc = -(a_rc + sum_{c<j<r} a_rj t_jc)
-            for c in range(r - 1, -1, -1):
-                acc = t[..., r, c]
-                np.multiply(d[..., r, c], -1.0, out=acc)
-                for j in range(c + 1, r):
-                    acc -= d[..., r, j] * t[..., j, c]
-        first = 4
-    for h in _levels(C):
-        if h < first:
-            continue
-        a_gf = _blocks(a, h, h, 0)
-        t_gf = _blocks(inv, h, h, 0)
-        # (np.multiply by -1, not np.negative: numpy 2.4's negative misreads some strided views)
-        if h == 1:
-            np.multiply(a_gf, -1.0, out=t_gf)
-        else:
-            a_t = _matmul(a_gf, _blocks(inv, h, 0, 0))
-            a_t *= -1.0
-            _matmul(_blocks(inv, h, h, h), a_t, out=t_gf)
-    return inv
-
-
-def _scalar_prep(k, beta, alpha):
-    """Gated DeltaNet (and DeltaNet): the chunkwise form's C x C work that does not involve Q.
-
-    ``k``: (n, C, d_k) with C a power of two; ``beta``: (n, C, 1); ``alpha``: the
-    per-token decays e^{log_gate}, (n, C). Returns the decay matrices
-    e^{b_r - b_i} (n, C, C; one on the diagonal, zero above it); the UT transform
-    T = (I + A)^{-1} with A_ri = beta_r e^{b_r - b_i} k_r^T k_i for i < r (eq-dr-ut),
-    its columns scaled by beta and by beta Gamma (T diag(beta) V is U~, T diag(beta
-    Gamma) K is W); and ``gamma`` = e^{b_r}, ``to_end`` = e^{b_C - b_r}, (n, C, 1).
-    """
-    n, C = alpha.shape
-    decay = np.zeros((n, C, C), dtype=alpha.dtype)
-    decay.reshape(n, C * C)[:, ::C + 1] = 1.0
-    gamma, to_end = _chunk_decays(alpha, decay=decay)
-    a = _matmul(k, k.swapaxes(-1, -2))
-    a *= decay
-    a *= beta
-    ut_beta = _unit_lower_inverse(a)
-    ut_beta *= beta.swapaxes(-1, -2)
-    ut_beta_gamma = ut_beta * gamma[:, None, :]
-    return decay, (ut_beta, ut_beta_gamma), gamma[..., None], to_end[..., None]
-
-
-def _kda_prep(q, k, beta, alpha):
-    """KDA: the chunkwise form's C x C work, the pair products with per-channel decays.
-
-    ``q, k``: (n, C, d_k) with C a power of two; ``beta``: (n, C, 1); ``alpha``:
-    (n, C, d_k). Returns ``qk`` (the decayed q_r^T k_i for i <= r, zero above the
-    diagonal), the UT transform (eq-dr-ut), and ``gamma``, ``to_end`` (n, C, d_k).
-    """
-    n, C, d_k = k.shape
-    qk = np.zeros((n, C, C), dtype=k.dtype)
-    a = np.zeros((n, C, C), dtype=k.dtype)
-    gamma, to_end = _chunk_decays(alpha, q=q, k=k, qk=qk, kk=a)
-    qk.reshape(n, C * C)[:, ::C + 1] = np.einsum("nrc,nrc->nr", q, k)
-    a *= beta
-    return qk, _unit_lower_inverse(a), gamma, to_end
-
-
-def _state_pass(q, k, v, beta, qk, ut, gamma, to_end, S, channelwise):
-    """The rest of the chunkwise form for a group of consecutive chunks of B sequences.
-
-    ``q, k, v``: (B, g, C, d); ``beta``: (B, g, C, 1); ``qk``, ``ut``, ``gamma``,
-    ``to_end``: as :func:`_kda_prep` returns them, for the B * g chunks (for
-    scalar gates ``ut`` is the pair T diag(beta), T diag(beta Gamma) of
-    :func:`_scalar_prep`); ``S``: the
-    (B, d_k, d_v) states entering the group, updated in place. Returns the
-    (B, g, C, d_v) outputs (unscaled). Every product that does not involve the
-    carried state is done for all B * g chunks at once.
-    """
-    B, g, C, d_k = k.shape
-    d_v = v.shape[-1]
-    dtype = k.dtype
-    n = B * g
-    q, k, v, beta = (x.reshape((n,) + x.shape[2:]) for x in (q, k, v, beta))
-    # eq-dr-ut: U~ = T diag(beta) V and W = T diag(beta Gamma) K; W and Gamma Q both read the state
-    reads = np.empty((n, 2 * C, d_k), dtype=dtype)                                # [W; Gamma Q]
-    np.multiply(q, gamma, out=reads[:, C:])
-    if not channelwise:                                                           # T's columns scaled, not V and K
-        u_free = _matmul(ut[0], v)
-        _matmul(ut[1], k, out=reads[:, :C])
-    else:
-        u_free = _matmul(ut, v * beta)
-        _matmul(ut, k * (gamma * beta), out=reads[:, :C])
-    k_out_t = (k * to_end).swapaxes(-1, -2)                                      # (e^{b_C - b_i} k_i)^T
-    decay_last = gamma[:, -1, :, None]                                            # (n, 1 or d_k, 1)
-
-    # The only sequential part: carry the state from chunk to chunk.
-    reads, u_free, k_out_t, decay_last = (x.reshape((B, g) + x.shape[1:])
-                                          for x in (reads, u_free, k_out_t, decay_last))
-    read = np.empty((B, g, 2 * C, d_v), dtype=dtype)                             # [W S; Gamma Q S]
-    u = np.empty((B, g, C, d_v), dtype=dtype)
-    write = np.empty((B, d_k, d_v), dtype=dtype)
-    if B == 1:  # one sequence: plain matrix products
-        S2, write2 = S[0], write[0]
-        for j in range(g):
-            _matmul(reads[0, j], S2, out=read[0, j])
-            np.subtract(u_free[0, j], read[0, j, :C], out=u[0, j])               # U = U~ - W S
-            if channelwise:                                                       # eq-dr-chunk-state
-                S2 *= decay_last[0, j]
-                S2 += _matmul(k_out_t[0, j], u[0, j], out=write2)
-            else:                                                                 # S <- g S + K_out^T U
-                _matmul_add(k_out_t[0, j], u[0, j], S2, decay_last[0, j, 0, 0])
-    else:
-        for j in range(g):
-            _matmul(reads[:, j], S, out=read[:, j])
-            np.subtract(u_free[:, j], read[:, j, :C], out=u[:, j])
-            S *= decay_last[:, j]
-            S += _matmul(k_out_t[:, j], u[:, j], out=write)
-    out = _matmul(qk, u.reshape(n, C, d_v))                                       # eq-dr-chunk-out
-    out += read.reshape(n, 2 * C, d_v)[:, C:]
-    return out.reshape(B, g, C, d_v)
-
-
-# The chunks of a call are processed in groups: a block of sequences times consecutive
-# chunks whose (tokens x d) arrays take about _GROUP_BYTES (256 tokens of d = 128 in
-# float64, 512 in float32), so that a group's intermediate arrays stay in the processor's
-# cache while numpy's per-call overhead is spread over several chunks. For Gated DeltaNet
-# the C x C work that does not involve the queries (decays, UT transform: many small
-# calls) is done for ranges of chunks whose C x C arrays take up to _RANGE_BYTES. The
-# result depends on neither size.
-_GROUP_BYTES = 256 * 1024
-_RANGE_BYTES = 8 * 1024 * 1024
-
-
-def _split_chunks(x, fill=0.0, *, chunk_size):
-    """``x`` (B, T, ...) as (B, n, C2, ...): n = ceil(T / C) chunks of C = ``chunk_size`` tokens, each padded
-    with ``fill`` to C2, C rounded up to a power of two (a view when no padding is needed).
-
-    The chunkwise forms pad with tokens that change nothing (key 0, decay 1).
-    """
-    B, T = x.shape[:2]
-    C = chunk_size
-    C2 = 1 << (C - 1).bit_length()
-    n = max(1, -(-T // C))
-    if n * C == T and C2 == C:
-        return x.reshape((B, n, C) + x.shape[2:])
-    out = np.full((B, n, C2) + x.shape[2:], fill, dtype=x.dtype)
-    full = (T // C) * C
-    out[:, :T // C, :C] = x[:, :full].reshape((B, T // C, C) + x.shape[2:])
-    if full < T:
-        out[:, -1, :T - full] = x[:, full:]
-    return out
-
-
-@one_blas_thread
-def _chunkwise(q, k, v, beta, log_gate, S, scale, chunk_size, channelwise):
-    """q, k, v: (B, T, d); beta: (B, T); log_gate: (B, T[, d_k]) or None; S: (B, d_k, d_v) or None."""
-    B, T, d_k = k.shape
-    d_v = v.shape[-1]
-    dtype = q.dtype
-    C = chunk_size
-    C2 = 1 << (C - 1).bit_length()                  # C rounded up to a power of two
-    n = max(1, -(-T // C))
-
-    chunks = functools.partial(_split_chunks, chunk_size=C)
-
-    # Padding tokens have key 0, beta 0 and decay 1: they leave the state unchanged.
-    qc, kc, vc = chunks(q), chunks(k), chunks(v)
-    betac = chunks(beta)[..., None]
-    if log_gate is None:
-        alpha = np.ones((B, n, C2) + ((d_k,) if channelwise else ()), dtype=dtype)
-    else:
-        alpha = chunks(np.exp(log_gate), fill=1.0)   # the per-token decays, exponents <= 0
-
-    S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
-    out = np.empty((B, n, C2, d_v), dtype=dtype)
-    group_tokens = max(C2, _GROUP_BYTES // (max(d_k, d_v) * dtype.itemsize))
-    per_block = max(1, group_tokens // C2)                          # sequences side by side
-    for i0 in range(0, B, per_block):
-        items = slice(i0, min(B, i0 + per_block))
-        m = items.stop - i0
-        group = max(1, group_tokens // (C2 * m))                    # consecutive chunks
-        span = group * max(1, _RANGE_BYTES // (group * m * C2 * C2 * dtype.itemsize))
-        S_items = S[items]
-        for r0 in range(0, n, span):
-            r = slice(r0, min(n, r0 + span))
-            flat = lambda x: x.reshape((-1,) + x.shape[2:])      # (m, chunks, ...) -> (m * chunks, ...)
-            if not channelwise:
-                decay, (ut_beta, ut_beta_gamma), gamma, to_end = _scalar_prep(
-                    flat(kc[items, r]), flat(betac[items, r]), flat(alpha[items, r]))
-                prep = [x.reshape((m, r.stop - r0) + x.shape[1:])
-                        for x in (decay, ut_beta, ut_beta_gamma, gamma, to_end)]
-            for g0 in range(r0, r.stop, group):
-                sl = slice(g0, min(r.stop, g0 + group))
-                q_g, k_g, v_g, beta_g = (x[items, sl] for x in (qc, kc, vc, betac))
-                if channelwise:
-                    qk, ut, gamma, to_end = _kda_prep(flat(q_g), flat(k_g), flat(beta_g), flat(alpha[items, sl]))
-                else:
-                    decay, ut_beta, ut_beta_gamma, gamma, to_end = (flat(x[:, g0 - r0:sl.stop - r0]) for x in prep)
-                    ut = (ut_beta, ut_beta_gamma)
-                    qk = _matmul(flat(q_g), flat(k_g).swapaxes(-1, -2))
-                    qk *= decay
-                out[items, sl] = _state_pass(q_g, k_g, v_g, beta_g, qk, ut, gamma, to_end, S_items, channelwise)
-        S[items] = S_items
-    outputs = out[:, :, :C].reshape(B, n * C, d_v)[:, :T]
-    if scale != 1.0:
-        outputs = outputs * dtype.type(scale)
-    return outputs, S
-
+# The chunkwise forms validate and flatten their arguments and call the chunk machinery of
+# fixedstate.kernels (delta_chunks: the decays level by level over halves of a chunk, the UT
+# transform, the state carried from chunk to chunk), which DeltaProduct's chunkwise form
+# (fixedstate.delta_family) shares.
 
 def delta_rule_chunkwise(q, k, v, *, beta, scale=1.0, initial_state=None, chunk_size=64):
     """DeltaNet in chunkwise-parallel form (``eq-dr-ut``, ``eq-dr-chunk-out``, ``eq-dr-chunk-state``).
@@ -754,7 +367,7 @@ def delta_rule_chunkwise(q, k, v, *, beta, scale=1.0, initial_state=None, chunk_
     BLAS thread; :func:`fixedstate.costs.delta_rule_chunkwise_flops` counts them.
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
-    return _run(_chunkwise, q, k, v, beta, None, scale, initial_state, None, chunk_size)
+    return _run(delta_chunks, q, k, v, beta, None, scale, initial_state, None, chunk_size)
 
 
 def gated_delta_rule_chunkwise(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None, chunk_size=64):
@@ -768,7 +381,7 @@ def gated_delta_rule_chunkwise(q, k, v, *, beta, log_gate, scale=1.0, initial_st
     :func:`gated_delta_rule_chunk` is one chunk of it, written plainly.
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
-    return _run(_chunkwise, q, k, v, beta, log_gate, scale, initial_state, "scalar", chunk_size)
+    return _run(delta_chunks, q, k, v, beta, log_gate, scale, initial_state, "scalar", chunk_size)
 
 
 def kda_chunkwise(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None, chunk_size=64):
@@ -784,13 +397,13 @@ def kda_chunkwise(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None, chu
     ever positive.
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
-    return _run(_chunkwise, q, k, v, beta, log_gate, scale, initial_state, "channel", chunk_size)
+    return _run(delta_chunks, q, k, v, beta, log_gate, scale, initial_state, "channel", chunk_size)
 
 
 # --------------------------------------------------------------------------- backward passes (chapter 9)
 #
 # The gradient of a loss L through the recurrence S_t = G_t S_{t-1} + beta_t k_t (v_t - (G_t S_{t-1})^T k_t)^T,
-# o_t = scale * S_t^T q_t. The states are recomputed token by token with _step (the forward's own code);
+# o_t = scale * S_t^T q_t. The states are recomputed token by token with delta_step (the forward's own code);
 # then the gradient of the state runs backwards in time through the erase factors:
 #
 #     dS_t = scale * q_t do_t^T + G_{t+1} (I - beta_{t+1} k_{t+1} k_{t+1}^T) dS_{t+1}
@@ -828,14 +441,14 @@ def _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_stat
     S0 = fit(S0, 2)
     c = dtype.type(c)
 
-    # the forward again with _step, storing the state before (S_{t-1}) and after (S_t) each token
+    # the forward again with delta_step, storing the state before (S_{t-1}) and after (S_t) each token
     before = np.empty((T,) + lead + (d_k, d_v), dtype=dtype)
     after = np.empty_like(before)
     S = np.zeros(lead + (d_k, d_v), dtype=dtype) if S0 is None else S0
     G = None if G is None else time_major(fit(G, 1 + channelwise), -1 - channelwise)
     for t in range(T):
         before[t] = S
-        _, S = _step(Q[t], K[t], V[t], Beta[t], None if G is None else G[t], S, 1.0, channelwise)
+        _, S = delta_step(Q[t], K[t], V[t], Beta[t], None if G is None else G[t], S, 1.0, channelwise)
         after[t] = S
 
     # the gradient of the state, backwards in time (dS_t stored for every t) ...

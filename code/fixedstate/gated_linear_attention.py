@@ -52,7 +52,7 @@ Forms (they agree to float64 precision; the tests prove it):
   The pair products ``sum_c q_rc k_ic e^{b_rc - b_ic}`` are built level by level
   over halves of the chunk, each pair factored through the boundary between
   its halves into two products of per-token decays ``<= 1``: KDA's
-  overflow-safe machinery (:func:`fixedstate.delta_rule._chunk_decays`), shared,
+  overflow-safe machinery (:func:`fixedstate.kernels.chunk_decays`), shared,
   not copied. No exponent is ever positive and no ``1/Gamma`` is formed, so
   log-decays of -100 per token are as safe as -0.01. The intra-chunk part is
   computed for groups of chunks at once (sized to stay in cache); only the
@@ -66,9 +66,10 @@ import numpy as np
 from ._threads import one_blas_thread
 from ._validate import (Arg, as_float_array, as_float_batch, check_log_gate, check_positive_int, float_dtype,
                         prepare_layer_args)
-from .delta_rule import _chunk_decays   # KDA's overflow-safe per-channel pair products, shared with GLA
-from .delta_rule import _flat           # merges the leading axes into one
-from .delta_rule import _split_chunks   # the chunks of a sequence, padded with tokens that change nothing
+from .kernels import GROUP_BYTES   # the group size of every chunked form
+from .kernels import chunk_decays  # KDA's overflow-safe per-channel pair products, shared with GLA
+from .kernels import flat          # merges the leading axes into one
+from .kernels import split_chunks  # the chunks of a sequence, padded with tokens that change nothing
 
 __all__ = [
     "gla_step", "gla_recurrent", "gla_chunkwise", "gla_loop", "gla_chunk",
@@ -92,8 +93,8 @@ def _prepare(q, k, v, log_gate, scale, initial_state, *, tokens=True, one_sequen
 def _run(form, q, k, v, log_gate, scale, initial_state, *extra):
     lead, q, k, v, g, S, scale = _prepare(q, k, v, log_gate, scale, initial_state)
     T, d_v = q.shape[-2], v.shape[-1]
-    out, S = form(_flat(q, lead, 2), _flat(k, lead, 2), _flat(v, lead, 2), _flat(g, lead, 2),
-                  _flat(S, lead, 2), scale, *extra)
+    out, S = form(flat(q, lead, 2), flat(k, lead, 2), flat(v, lead, 2), flat(g, lead, 2),
+                  flat(S, lead, 2), scale, *extra)
     return out.reshape(lead + (T, d_v)), S.reshape(lead + S.shape[1:])
 
 
@@ -205,10 +206,10 @@ def gla_chunk(q, k, v, *, log_gate, scale=1.0, initial_state=None):
 
 # --------------------------------------------------------------------------- chunkwise form
 
-# The intra-chunk work runs over groups of consecutive chunks whose (tokens x d_k) arrays take
-# about _GROUP_BYTES, so that the level-by-level pair products stay in the processor's cache
-# (the result does not depend on the size).
-_GROUP_BYTES = 256 * 1024
+# The intra-chunk work runs over groups of consecutive chunks whose (tokens x d) arrays take
+# about kernels.GROUP_BYTES, so that the level-by-level pair products stay in the processor's
+# cache (the result does not depend on the size; kernels.py says how the delta rule's groups
+# of the same size are counted).
 
 
 @one_blas_thread
@@ -224,7 +225,7 @@ def _chunkwise(q, k, v, log_gate, S, scale, chunk_size):
 
     def chunks(x, fill=0.0):
         """(B, T, d) -> (B * n, C2, d): n chunks of C tokens, each padded to C2 with ``fill``."""
-        return _split_chunks(np.ascontiguousarray(x), fill, chunk_size=C).reshape(N, C2, x.shape[-1])
+        return split_chunks(np.ascontiguousarray(x), fill, chunk_size=C).reshape(N, C2, x.shape[-1])
 
     # Padding tokens have q = k = 0 and decay 1: they neither write nor read nor decay.
     qc, kc, vc = chunks(q), chunks(k), chunks(v)
@@ -232,14 +233,14 @@ def _chunkwise(q, k, v, log_gate, S, scale, chunk_size):
     out = np.empty((N, C2, d_v), dtype=dtype)
     local = np.empty((N, d_k, d_v), dtype=dtype)
     gamma = np.empty((N, C2, d_k), dtype=dtype)
-    group = max(1, _GROUP_BYTES // (C2 * max(d_k, d_v) * dtype.itemsize))
+    group = max(1, GROUP_BYTES // (C2 * max(d_k, d_v) * dtype.itemsize))
     for g0 in range(0, N, group):
         g = slice(g0, min(N, g0 + group))
         m = g.stop - g0
         qk = np.zeros((m, C2, C2), dtype=dtype)
         kk = np.zeros((m, C2, C2), dtype=dtype)                     # (the delta rule's; unused here)
         # e^{b_r} and e^{b_C - b_i}, and the decayed pair products sum_c q_rc k_ic e^{b_rc - b_ic}, i < r
-        gamma[g], to_end = _chunk_decays(alpha[g], q=qc[g], k=kc[g], qk=qk, kk=kk)
+        gamma[g], to_end = chunk_decays(alpha[g], q=qc[g], k=kc[g], qk=qk, kk=kk)
         qk.reshape(m, C2 * C2)[:, ::C2 + 1] = np.einsum("nrc,nrc->nr", qc[g], kc[g])   # the pairs i = r
         np.matmul(qk, vc[g], out=out[g])                             # eq-fam-gla-chunk-out, within the chunk
         np.matmul((kc[g] * to_end).swapaxes(-1, -2), vc[g], out=local[g])   # eq-fam-gla-chunk-state, from zero

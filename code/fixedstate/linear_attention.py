@@ -37,6 +37,7 @@ import numpy as np
 from ._grad import sum_to, time_major
 from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_dim, check_log_gate,
                         check_positive_int, check_real_number, check_same_length, float_dtype)
+from .kernels import row_softmax, softmax_scale
 
 __all__ = [
     "elu_plus_one",
@@ -392,8 +393,6 @@ def linformer_attention(q, k, v, proj_k, proj_v, *, scale=None):
     ``q, k``: ``(T, d_k)``; ``v``: ``(T, d_v)``; result ``(T, d_v)``.
     ``scale=None`` means ``1/sqrt(d_k)``.
     """
-    from .softmax_attention import _row_softmax, _scale
-
     q = as_float_array(q, "q", ndim=2)
     k = as_float_array(k, "k", ndim=2)
     v = as_float_array(v, "v", ndim=2)
@@ -405,7 +404,7 @@ def linformer_attention(q, k, v, proj_k, proj_v, *, scale=None):
     if e.shape[0] < 1:
         raise ValueError(f"proj_k: expected at least one row, got shape {e.shape}")
     short_keys, short_values = e @ k, f @ v               # (k, d_k), (k, d_v): k summary tokens
-    weights = _row_softmax(_scale(scale, q.shape[1]) * (q @ short_keys.T))   # (T, k)
+    weights = row_softmax(softmax_scale(scale, q.shape[1]) * (q @ short_keys.T))   # (T, k)
     return weights @ short_values
 
 

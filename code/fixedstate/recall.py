@@ -65,8 +65,9 @@ from ._validate import as_float_array, check_dim, check_interval, check_positive
 from .blocks import embedding
 from .delta_rule import delta_rule_recurrent, gated_delta_rule_recurrent
 from .linear_attention import identity_feature_map, linear_attention_recurrent
-from .softmax_attention import KVCache, _row_softmax, softmax_attention, softmax_attention_step
-from .ssm import _segment_sums, selective_scan_sequential, ssd_quadratic
+from .kernels import row_softmax, segment_sums
+from .softmax_attention import KVCache, softmax_attention, softmax_attention_step
+from .ssm import selective_scan_sequential, ssd_quadratic
 
 __all__ = [
     "MECHANISMS",
@@ -602,7 +603,7 @@ def _capacity_curve(d_k, ns, mechanisms, d_v, rho, n_seeds, seed, temperature, b
                 # multiplies by its cache's copy of the keys (k_n @ k_n^T itself would go to a symmetric
                 # product, rounded differently)
                 cached = np.array(k_n)
-                recalled = _row_softmax((1.0 / temperature) * (k_n @ cached.swapaxes(-1, -2))) @ vals
+                recalled = row_softmax((1.0 / temperature) * (k_n @ cached.swapaxes(-1, -2))) @ vals
             elif mech == "linear":
                 recalled = passes * (k_n @ states[p])  # writing the pairs `passes` times adds S that often
             else:
@@ -642,7 +643,7 @@ def _states_at(mechanism, k, v, beta, gate, marks):
             if m > done:
                 T = m - done
                 log_gate = np.full(T, log_g)  # a * delta with a = log(gate) and delta = 1, as ssd_quadratic forms it
-                last_row = np.where(np.tri(T, dtype=bool), np.exp(_segment_sums(log_gate)), 0.0)[-1]
+                last_row = np.where(np.tri(T, dtype=bool), np.exp(segment_sums(log_gate)), 0.0)[-1]
                 decay = np.exp(np.cumsum(log_gate))[-1]
                 x = v[:, done:m] * 1.0  # delta_s x_s, a new contiguous array as in ssd_quadratic
                 S = decay * S + np.swapaxes(k[:, done:m], -1, -2) @ (last_row[:, None] * x)

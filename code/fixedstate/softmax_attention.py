@@ -26,6 +26,7 @@ import numpy as np
 
 from ._grad import sum_to
 from ._validate import as_float_array, as_float_batch, broadcast_leading, float_dtype
+from .kernels import row_softmax, softmax_scale
 
 __all__ = [
     "KVCache",
@@ -169,23 +170,6 @@ def _as_cache(initial_state, d_k: int, d_v: int) -> KVCache:
 
 # ---------------------------------------------------------------- helpers
 
-def _scale(scale, d_k: int) -> float:
-    if scale is None:
-        return 1.0 / float(np.sqrt(d_k))
-    arr = as_float_array(scale, "scale", ndim=0)
-    value = float(arr)
-    if not value > 0:
-        raise ValueError(f"scale: expected a positive number (or None for 1/sqrt(d_k)), got {value!r}")
-    return value
-
-
-def _row_softmax(scores: np.ndarray) -> np.ndarray:
-    """Softmax along the last axis, with -inf entries (masked) getting weight 0."""
-    shifted = scores - np.max(scores, axis=-1, keepdims=True)
-    weights = np.exp(shifted)
-    return weights / np.sum(weights, axis=-1, keepdims=True)
-
-
 def _check_causal(causal) -> bool:
     if not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal: expected True or False, got {causal!r}")
@@ -236,11 +220,11 @@ def attention_weights(q, k, *, causal: bool = True, scale=None) -> np.ndarray:
                        ("T" if causal else "m", "d_k"))
     broadcast_leading(("q", q, 2), ("k", k, 2))
     q, k = q.astype(dtype, copy=False), k.astype(dtype, copy=False)
-    scores = _scale(scale, q.shape[-1]) * (q @ k.swapaxes(-1, -2))
+    scores = softmax_scale(scale, q.shape[-1]) * (q @ k.swapaxes(-1, -2))
     if causal:
         t = q.shape[-2]
         scores = np.where(np.tri(t, dtype=bool), scores, -np.inf)
-    return _row_softmax(scores)
+    return row_softmax(scores)
 
 
 def softmax_attention(q, k, v, *, causal: bool = True, scale=None, initial_state=None):
@@ -271,11 +255,11 @@ def softmax_attention(q, k, v, *, causal: bool = True, scale=None, initial_state
     q, k, v, cache = _prepare(q, k, v, initial_state, causal=causal)
     n = cache.length
     cache = cache._append(k, v)
-    scores = _scale(scale, q.shape[-1]) * (q @ cache.keys.swapaxes(-1, -2))   # (..., T, n + m)
+    scores = softmax_scale(scale, q.shape[-1]) * (q @ cache.keys.swapaxes(-1, -2))   # (..., T, n + m)
     if causal:
         visible = np.tri(q.shape[-2], n + q.shape[-2], k=n, dtype=bool)   # key j visible from query t: j <= n + t
         scores = np.where(visible, scores, -np.inf)
-    return _row_softmax(scores) @ cache.values, cache
+    return row_softmax(scores) @ cache.values, cache
 
 
 def softmax_attention_step(q, k, v, *, scale=None, initial_state=None):
@@ -298,8 +282,8 @@ def softmax_attention_step(q, k, v, *, scale=None, initial_state=None):
     """
     q, k, v, cache = _prepare(q, k, v, initial_state, tokens=False)
     cache = cache._append(k[..., None, :], v[..., None, :])
-    scores = _scale(scale, q.shape[-1]) * (cache.keys @ q[..., :, None])[..., 0]   # (..., n + 1)
-    weights = _row_softmax(scores)
+    scores = softmax_scale(scale, q.shape[-1]) * (cache.keys @ q[..., :, None])[..., 0]   # (..., n + 1)
+    weights = row_softmax(scores)
     return (weights[..., None, :] @ cache.values)[..., 0, :], cache
 
 
@@ -312,7 +296,7 @@ def softmax_attention_loop(q, k, v, *, scale=None, initial_state=None):
     read next to the equations.
     """
     q, k, v, cache = _prepare(q, k, v, initial_state, one_sequence=True)
-    c = _scale(scale, q.shape[1])
+    c = softmax_scale(scale, q.shape[1])
     K = np.concatenate([cache.keys, k])           # every key: the cached ones, then the new ones
     V = np.concatenate([cache.values, v])
     n = cache.length
@@ -358,7 +342,7 @@ def softmax_attention_backward(q, k, v, d_out, *, causal: bool = True, scale=Non
     d_out = as_float_batch(d_out, "d_out", (q.shape[-2], v.shape[-1]), ("T", "d_v"))
     broadcast_leading(("q", q, 2), ("k", k, 2), ("v", v, 2), ("d_out", d_out, 2))
     q, k, v, d_out = (a.astype(dtype, copy=False) for a in (q, k, v, d_out))
-    c = dtype.type(_scale(scale, q.shape[-1]))
+    c = dtype.type(softmax_scale(scale, q.shape[-1]))
     weights = attention_weights(q, k, causal=causal, scale=scale)           # A, (..., T, m)
     d_weights = d_out @ v.swapaxes(-1, -2)                                   # dA = dO V^T
     d_scores = weights * (d_weights - np.sum(weights * d_weights, axis=-1, keepdims=True))

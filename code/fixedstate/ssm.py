@@ -65,6 +65,7 @@ import scipy.linalg
 from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_dim, check_positive_int,
                         float_dtype)
 from .blocks import softplus
+from .kernels import scan_pairs, segment_sums
 
 __all__ = [
     "discretize_zoh",
@@ -576,31 +577,8 @@ def associative_scan(a, b, *, initial_state=None):
     if initial_state is not None:
         h0 = as_float_array(initial_state, "initial_state", shape=aa.shape[1:])
         bb[0] = bb[0] + aa[0] * h0.astype(dtype, copy=False)
-    _, h = _scan(aa, bb)
+    _, h = scan_pairs(aa, bb)
     return h
-
-
-def _scan(a: np.ndarray, b: np.ndarray):
-    """Inclusive scan of the pairs (a_t, b_t); returns the cumulative (a, b)."""
-    T = a.shape[0]
-    if T == 1:
-        return a, b
-    m = T // 2
-    a_l, a_r = a[0:2 * m:2], a[1:2 * m:2]
-    b_l, b_r = b[0:2 * m:2], b[1:2 * m:2]
-    # combine each even element with its right neighbour: one level
-    a_half, b_half = _scan(a_l * a_r, a_r * b_l + b_r)
-    out_a = np.empty_like(a)
-    out_b = np.empty_like(b)
-    out_a[1:2 * m:2], out_b[1:2 * m:2] = a_half, b_half
-    out_a[0], out_b[0] = a[0], b[0]
-    # even positions 2, 4, ...: the prefix ending just before them, then their own step
-    if T > 2:
-        a_even, b_even = a[2:T:2], b[2:T:2]
-        k = a_even.shape[0]
-        out_a[2:T:2] = a_half[:k] * a_even
-        out_b[2:T:2] = a_even * b_half[:k] + b_even
-    return out_a, out_b
 
 
 def selective_scan_parallel(x, delta, A, B, C, *, D=None, initial_state=None):
@@ -685,18 +663,6 @@ def ssd_recurrent(x, delta, a, B, C, *, D=None, initial_state=None):
     return y + D[..., None, None] * x, S
 
 
-def _segment_sums(log_gate: np.ndarray) -> np.ndarray:
-    """``seg[..., t, s] = sum_{r=s+1}^{t} log_gate[..., r]`` for ``s <= t``, else 0.
-
-    Formed segment by segment (cumulative sums down each column below the
-    diagonal), not as differences of one cumulative sum: no cancellation on long
-    sequences, and never a positive exponent when the gates are ``<= 0``.
-    """
-    T = log_gate.shape[-1]
-    rep = np.where(np.tri(T, k=-1, dtype=bool), log_gate[..., :, None], 0.0)
-    return np.cumsum(rep, axis=-2)
-
-
 def ssd_mask(delta, a):
     """The 1-semiseparable decay mask ``L[t, s] = exp(a * sum_{r=s+1}^{t} delta_r)`` for ``s <= t``, else 0 (``eq-ssm-ssd-matrix``).
 
@@ -714,7 +680,7 @@ def ssd_mask(delta, a):
     dtype = float_dtype(delta, a)
     log_gate = aa.astype(dtype)[..., None] * dt.astype(dtype, copy=False)      # gamma_r = log g_r = a delta_r
     T = dt.shape[-1]
-    return np.where(np.tri(T, dtype=bool), np.exp(_segment_sums(log_gate)), 0.0)
+    return np.where(np.tri(T, dtype=bool), np.exp(segment_sums(log_gate)), 0.0)
 
 
 def ssd_quadratic(x, delta, a, B, C, *, D=None, initial_state=None):
@@ -731,7 +697,7 @@ def ssd_quadratic(x, delta, a, B, C, *, D=None, initial_state=None):
     """
     x, delta, a, B, C, D, S0 = _ssd_args(x, delta, a, B, C, D, initial_state)
     log_gate = a[..., None] * delta                                       # gamma_t = log g_t, (..., T)
-    L = np.where(np.tri(x.shape[-2], dtype=bool), np.exp(_segment_sums(log_gate)), 0.0)
+    L = np.where(np.tri(x.shape[-2], dtype=bool), np.exp(segment_sums(log_gate)), 0.0)
     V = delta[..., None] * x                                              # values delta_s x_s
     Bt = np.swapaxes(B, -1, -2)
     decay_in = np.exp(np.cumsum(log_gate, axis=-1))                       # Gamma_t
@@ -822,14 +788,14 @@ def ssd_chunkwise(x, delta, a, B, C, *, D=None, initial_state=None, chunk_size=6
     V = chunks(delta[..., None] * x, (P,))                         # values v_s = delta_s x_s
     Bc, Cc = chunks(B, (N,)), chunks(C, (N,))
     # 1. intra-chunk, quadratic
-    L = np.where(np.tri(Q, dtype=bool), np.exp(_segment_sums(log_gate)), 0.0).astype(dtype, copy=False)
+    L = np.where(np.tri(Q, dtype=bool), np.exp(segment_sums(log_gate)), 0.0).astype(dtype, copy=False)
     y = (L * (Cc @ np.swapaxes(Bc, -1, -2))) @ V                    # (..., n, Q, P)
     # 2. chunk states from zero: s_c = B^T (L[-1, :] o V)
     local = np.swapaxes(Bc, -1, -2) @ (L[..., -1, :, None] * V)    # (..., n, N, P)
     # 3. inter-chunk scalar recurrence over [S_in, s_0, ..., s_{n-1}]
     Gamma = np.exp(np.cumsum(log_gate, axis=-1))                    # Gamma_t inside each chunk, (..., n, Q)
     chunk_log = np.concatenate([np.zeros(lead + (1,), dtype=dtype), np.sum(log_gate, axis=-1)], axis=-1)
-    W = np.where(np.tri(n + 1, dtype=bool), np.exp(_segment_sums(chunk_log)), 0.0).astype(dtype, copy=False)
+    W = np.where(np.tri(n + 1, dtype=bool), np.exp(segment_sums(chunk_log)), 0.0).astype(dtype, copy=False)
     stacked = np.concatenate([S0[..., None, :, :], local], axis=-3).reshape(lead + (n + 1, N * P))
     states = (W @ stacked).reshape(lead + (n + 1, N, P))            # states[c] = S after chunk c - 1
     # 4. state to output: Gamma_t S_{c-1}^T C_t

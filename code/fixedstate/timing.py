@@ -38,13 +38,13 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from . import _threads     # blas_threads is also the name of an argument here: the module keeps the two apart
 from . import delta_rule as dr
-from ._threads import blas_threads as _blas_threads
-from ._threads import one_blas_thread
 from ._validate import check_positive_int
 from .blocks import l2_normalize
 from .costs import delta_rule_chunkwise_flops
 from .hybrid import stack_decode_step, synthetic_cache
+from .kernels import matmul_add, recording_products
 from .recall import lab_update
 
 __all__ = ["best_time", "random_layer_inputs", "time_forms", "gemm_rate", "products_replay", "chunkwise_table",
@@ -88,7 +88,7 @@ def best_time(fn, *args, repeats=5, blas_threads=1, **kwargs) -> float:
     if blas_threads is not None:
         blas_threads = check_positive_int(blas_threads, "blas_threads")
     best = np.inf
-    with _blas_threads(blas_threads):
+    with _threads.blas_threads(blas_threads):
         for _ in range(repeats):
             t0 = time.perf_counter()
             fn(*args, **kwargs)
@@ -202,9 +202,9 @@ def products_replay(layer, q, k, v, *, chunk_size=64, seed=0, **params):
 
     ``layer`` is ``"delta"``, ``"gated"`` or ``"kda"``; ``q, k, v`` and ``params``
     (``beta``, ``log_gate``) are the form's arguments. The form runs once, and
-    every product it makes through ``delta_rule._matmul`` and
-    ``delta_rule._matmul_add`` (all of them: ``tests/test_costs.py`` counts
-    them) is recorded with its shapes, memory layouts and scalars. An array the
+    every product it makes through :func:`fixedstate.kernels.matmul` and
+    :func:`~fixedstate.kernels.matmul_add` (all of them: ``tests/test_costs.py`` counts
+    them) is recorded (:func:`fixedstate.kernels.recording_products`) with its shapes, memory layouts and scalars. An array the
     form uses in several products (the state inside the loop over chunks) is one
     array in the replay too. Returns ``(replay, flops)``: ``replay()`` makes the
     same products in the same order on arrays of the same layouts (small random
@@ -222,36 +222,19 @@ def products_replay(layer, q, k, v, *, chunk_size=64, seed=0, **params):
     of one buffer in the form (blocks of one matrix) are separate buffers in the
     replay, and a result the form allocates afresh is written into an array made
     once. An ``"add"`` step is done as the form does it, by
-    ``delta_rule._matmul_add``: one BLAS call in float64, in float32 a product
+    ``kernels.matmul_add``: one BLAS call in float64, in float32 a product
     followed by the scaling and the addition (two passes over ``out``).
     Between the replay's products nothing touches the arrays, so an operand that
     the form has just written (and finds in cache) may have to come from memory
     in the replay: the replay measures the products in this arrangement, it does
-    not bound their time inside the form. The recording replaces the module's
-    product functions for the duration of that one call (restored after, also on
-    an error), so do not run other chunkwise forms in other threads meanwhile:
-    their products would be recorded too.
+    not bound their time inside the form. The recording lasts for that one call
+    (it ends after it, also on an error) and sees only the products of the calling
+    thread.
     """
     if layer not in LAYERS:
         raise ValueError(f"layer: expected 'delta', 'gated' or 'kda', got {layer!r}")
-    calls = []
-    real_matmul, real_matmul_add = dr._matmul, dr._matmul_add
-
-    def recording_matmul(a, b, out=None):
-        res = real_matmul(a, b, out=out)
-        calls.append(("matmul", a, b, res, 1.0, 1.0))
-        return res
-
-    def recording_matmul_add(a, b, out, keep, sign=1.0):
-        res = real_matmul_add(a, b, out, keep, sign)
-        calls.append(("add", a, b, out, float(keep), float(sign)))
-        return res
-
-    dr._matmul, dr._matmul_add = recording_matmul, recording_matmul_add
-    try:
+    with recording_products() as calls:
         LAYERS[layer][1](q, k, v, chunk_size=chunk_size, **params)
-    finally:
-        dr._matmul, dr._matmul_add = real_matmul, real_matmul_add
 
     rng = np.random.default_rng(seed)
     made = {}
@@ -268,13 +251,13 @@ def products_replay(layer, q, k, v, *, chunk_size=64, seed=0, **params):
     flops = sum(2 * int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), dtype=np.int64))
                 * a.shape[-2] * a.shape[-1] * b.shape[-1] for _, a, b, _, _, _ in steps)
 
-    @one_blas_thread
+    @_threads.one_blas_thread
     def replay():
         for kind, a, b, out, keep, sign in steps:
             if kind == "matmul":
-                real_matmul(a, b, out=out)
+                np.matmul(a, b, out=out)
             else:
-                real_matmul_add(a, b, out, keep, sign)
+                matmul_add(a, b, out, keep, sign)
 
     replay.steps = steps
     return replay, int(flops)
@@ -405,7 +388,7 @@ def measure_decode_seconds(params: dict, context_lengths, *, n_steps: int = 5, s
     return _decode_seconds(params, lengths, n_steps, seed, np.shape(context_lengths))
 
 
-@one_blas_thread
+@_threads.one_blas_thread
 def _decode_seconds(params, lengths, n_steps, seed, shape):
     rng = np.random.default_rng(seed)
     out = []

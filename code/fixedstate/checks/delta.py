@@ -26,6 +26,7 @@ import numpy as np
 from scipy.linalg import solve_triangular
 
 from .. import delta_rule as dr
+from .. import kernels
 from ._core import (check_numeric, CheckResult, Failure, call_student, call_without, compare_arrays, compare_number,
                     failed, has_nonfinite, run_check)
 
@@ -233,12 +234,13 @@ def check_exact_beta(exact_beta) -> CheckResult:
 
 # --------------------------------------------------------------------------- one KDA chunk (challenge)
 
-#: Every form of the delta rule in the package, public and private: an answer that reaches one is refused.
+#: Every form of the delta rule in the package, public and internal (fixedstate.kernels): an answer that
+#: reaches one is refused.
 _DR_FORMS = (dr.gated_delta_rule_chunk, dr.gated_delta_rule_loop, dr.gated_delta_rule_step,
              dr.gated_delta_rule_recurrent, dr.gated_delta_rule_chunkwise, dr.delta_rule_step,
              dr.delta_rule_recurrent, dr.delta_rule_chunkwise, dr.kda_step, dr.kda_recurrent, dr.kda_chunkwise,
-             dr.kda_loop, dr._step, dr._recurrent, dr._chunkwise, dr._chunk_decays, dr._kda_prep,
-             dr._state_pass)
+             dr.kda_loop, kernels.delta_step, kernels.delta_scan, kernels.delta_chunks, kernels.chunk_decays,
+             kernels.kda_prep, kernels.state_pass)
 
 
 def _kda_loop_variant(q, k, v, beta, log_gate, S, *, order="right"):

@@ -26,6 +26,7 @@ import numpy as np
 import scipy.linalg
 
 from .. import costs
+from .. import kernels
 from .. import ssm
 from ._core import (CheckResult, check_numeric, Failure, call_student, call_without, compare_arrays, compare_number,
                     count_student_lines, failed, has_nonfinite, run_check)
@@ -237,7 +238,7 @@ def check_selective_step(selective_step) -> CheckResult:
 # ---------------------------------------------------------------------------
 # the parallel associative scan (challenge)
 
-_SCAN_FORMS = (ssm.associative_scan, ssm._scan, ssm.selective_scan_parallel, ssm.selective_scan_sequential,
+_SCAN_FORMS = (ssm.associative_scan, kernels.scan_pairs, ssm.selective_scan_parallel, ssm.selective_scan_sequential,
                ssm.lti_recurrence)
 
 
