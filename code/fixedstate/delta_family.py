@@ -43,7 +43,7 @@ from ._threads import one_blas_thread
 from ._validate import (Arg, as_float_array, check_interval, check_log_gate, check_positive_int, check_real_number,
                         prepare_layer_args)
 from .gated_linear_attention import gla_recurrent
-from .kernels import (GROUP_BYTES, blocks, chunk_grid, delta_chunks, flat, levels, split_chunks,
+from .kernels import (GROUP_BYTES, block_view, chunk_grid, delta_chunks, flat, levels, split_chunks,
                       unit_lower_inverse)
 
 __all__ = [
@@ -295,10 +295,10 @@ def _rwkv7_pairs(w, q, k, a, b):
         np.multiply(bs[:, :, 0], bw[:, :, 0], out=right[:, :, :h])            # b_i bwd[i], i in F
         np.multiply(ks[:, :, 0], bw[:, :, 0], out=right[:, :, h:])            # k_i bwd[i]
         both = np.matmul(left, right.swapaxes(-1, -2))                         # (N, C/2h, 2h, 2h)
-        blocks(qb, h, h, 0)[...] = both[:, :, :h, :h]
-        blocks(qk, h, h, 0)[...] = both[:, :, :h, h:]
-        blocks(ab, h, h, 0)[...] = both[:, :, h:, :h]
-        blocks(ak, h, h, 0)[...] = both[:, :, h:, h:]
+        block_view(qb, h, h, 0)[...] = both[:, :, :h, :h]
+        block_view(qk, h, h, 0)[...] = both[:, :, :h, h:]
+        block_view(ab, h, h, 0)[...] = both[:, :, h:, :h]
+        block_view(ak, h, h, 0)[...] = both[:, :, h:, h:]
         bw[:, :, 0] *= f[:, :, 1, -1:]                                         # bwd over F: times G's product
         fe[:, :, 1] *= f[:, :, 0, -1:]                                         # both fwd over G: times F's
         f[:, :, 1] *= f[:, :, 0, -1:]

@@ -9,8 +9,8 @@ shapes its docstring states (a leading axis ``B`` for the flattened batch and he
 and trusts them. What lives here is what more than one module needs:
 
 - the chunk machinery of the delta rule family: splitting a sequence into chunks
-  (:func:`split_chunks`), the overflow-safe per-channel pair decays built level by
-  level over halves of a chunk (:func:`levels`, :func:`blocks`, :func:`chunk_decays`,
+  (:func:`chunk_grid`, :func:`split_chunks`), the overflow-safe per-channel pair decays built level by
+  level over halves of a chunk (:func:`levels`, :func:`block_view`, :func:`chunk_decays`,
   shared by KDA, GLA and RWKV-7), the unit-lower-triangular inverse of the UT transform
   (:func:`unit_lower_inverse`), the chunk-to-chunk state pass (:func:`state_pass`) and
   the chunkwise driver (:func:`delta_chunks`, which DeltaProduct reuses), with the
@@ -42,7 +42,7 @@ from ._threads import one_blas_thread
 from ._validate import as_float_array
 
 __all__ = [
-    "flat", "chunk_grid", "split_chunks", "levels", "blocks", "chunk_decays", "unit_lower_inverse",
+    "flat", "chunk_grid", "split_chunks", "levels", "block_view", "chunk_decays", "unit_lower_inverse",
     "matmul", "matmul_add", "recording_products",
     "GROUP_BYTES", "RANGE_BYTES",
     "scalar_prep", "kda_prep", "state_pass", "delta_chunks", "delta_step", "delta_scan",
@@ -261,7 +261,7 @@ def levels(C):
         h *= 2
 
 
-def blocks(x, h, row0, col0):
+def block_view(x, h, row0, col0):
     """A writable view (N, C/(2h), h, h) of blocks of x (N, R, C), a C-contiguous array.
 
     Block j is x[:, row0 + 2hj : row0 + 2hj + h, col0 + 2hj : col0 + 2hj + h]: with
@@ -294,7 +294,7 @@ def chunk_decays(alpha, decay=None, q=None, k=None, qk=None, kk=None):
         shape = (N, C // (2 * h), 2, h) + channels
         f, b = fwd.reshape(shape), bwd.reshape(shape)
         if not channels:
-            np.multiply(f[:, :, 1, :, None], b[:, :, 0, None, :], out=blocks(decay, h, h, 0))
+            np.multiply(f[:, :, 1, :, None], b[:, :, 0, None, :], out=block_view(decay, h, h, 0))
         else:
             qb, kb = q.reshape(shape), k.reshape(shape)
             left = np.empty((N, C // (2 * h), 2 * h) + channels, dtype=alpha.dtype)
@@ -302,17 +302,18 @@ def chunk_decays(alpha, decay=None, q=None, k=None, qk=None, kk=None):
             np.multiply(kb[:, :, 1], f[:, :, 1], out=left[:, :, h:])       # k_r fwd[r]
             right = kb[:, :, 0] * b[:, :, 0]                                 # k_i bwd[i], i in F
             both = matmul(left, right.swapaxes(-1, -2))                     # (N, C/2h, 2h, h)
-            blocks(qk, h, h, 0)[...] = both[:, :, :h]
-            blocks(kk, h, h, 0)[...] = both[:, :, h:]
+            block_view(qk, h, h, 0)[...] = both[:, :, :h]
+            block_view(kk, h, h, 0)[...] = both[:, :, h:]
         b[:, :, 0] *= f[:, :, 1, -1:]                                        # bwd over F: times G's product
         f[:, :, 1] *= f[:, :, 0, -1:]                                        # fwd over G: times F's product
     return fwd, bwd
 
 
 def unit_lower_inverse(a):
-    """(I + A)^{-1} for A the strictly lower part of ``a`` (N, C, C), by doubling blocks: the UT transform of ``eq-dr-ut``.
+    """(I + A)^{-1} for A the strictly lower part of ``a`` (N, C, C), by doubling blocks.
 
-    C is a power of two; returns the (N, C, C) inverse, unit lower triangular.
+    The UT transform of ``eq-dr-ut``. C is a power of two; returns the (N, C, C)
+    inverse, unit lower triangular.
 
     The blocks of 4 on the diagonal are written entry by entry (forward
     substitution, each entry one array over all blocks); from there the blocks
@@ -337,15 +338,15 @@ def unit_lower_inverse(a):
     for h in levels(C):
         if h < first:
             continue
-        a_gf = blocks(a, h, h, 0)
-        t_gf = blocks(inv, h, h, 0)
+        a_gf = block_view(a, h, h, 0)
+        t_gf = block_view(inv, h, h, 0)
         # (np.multiply by -1, not np.negative: numpy 2.4's negative misreads some strided views)
         if h == 1:
             np.multiply(a_gf, -1.0, out=t_gf)
         else:
-            a_t = matmul(a_gf, blocks(inv, h, 0, 0))
+            a_t = matmul(a_gf, block_view(inv, h, 0, 0))
             a_t *= -1.0
-            matmul(blocks(inv, h, h, h), a_t, out=t_gf)
+            matmul(block_view(inv, h, h, h), a_t, out=t_gf)
     return inv
 
 
@@ -594,9 +595,10 @@ def row_softmax(scores: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- the state space models' sums and scan
 
 def segment_sums(log_gate: np.ndarray) -> np.ndarray:
-    """``seg[..., t, s] = sum_{r=s+1}^{t} log_gate[..., r]`` for ``s <= t``, else 0: the exponents of ``eq-ssm-ssd-matrix``.
+    """``seg[..., t, s] = sum_{r=s+1}^{t} log_gate[..., r]`` for ``s <= t``, else 0.
 
-    ``log_gate`` (..., T); returns (..., T, T).
+    The exponents of the decay mask of ``eq-ssm-ssd-matrix``. ``log_gate`` (..., T);
+    returns (..., T, T).
 
     Formed segment by segment (cumulative sums down each column below the
     diagonal), not as differences of one cumulative sum: no cancellation on long

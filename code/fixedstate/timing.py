@@ -203,10 +203,11 @@ def products_replay(layer, q, k, v, *, chunk_size=64, seed=0, **params):
     ``layer`` is ``"delta"``, ``"gated"`` or ``"kda"``; ``q, k, v`` and ``params``
     (``beta``, ``log_gate``) are the form's arguments. The form runs once, and
     every product it makes through :func:`fixedstate.kernels.matmul` and
-    :func:`~fixedstate.kernels.matmul_add` (all of them: ``tests/test_costs.py`` counts
-    them) is recorded (:func:`fixedstate.kernels.recording_products`) with its shapes, memory layouts and scalars. An array the
-    form uses in several products (the state inside the loop over chunks) is one
-    array in the replay too. Returns ``(replay, flops)``: ``replay()`` makes the
+    :func:`~fixedstate.kernels.matmul_add` (all of them: ``tests/test_costs.py``
+    counts them) is recorded (:func:`fixedstate.kernels.recording_products`) with
+    its shapes, memory layouts and scalars. An array the form uses in several
+    products (the state inside the loop over chunks) is one array in the replay
+    too. Returns ``(replay, flops)``: ``replay()`` makes the
     same products in the same order on arrays of the same layouts (small random
     values, made once), and nothing else (``replay.steps`` lists them as
     ``(kind, a, b, out, keep, sign)``, kind ``"matmul"`` or ``"add"``, the
