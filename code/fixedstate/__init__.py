@@ -26,6 +26,10 @@ One module per idea, named after the chapter that explains it:
 - :mod:`fixedstate.checks`: automatic feedback for the exercises.
 - :mod:`fixedstate.gradcheck`: checking a backward pass against central finite differences
   (the cores' backward passes, ``*_backward``, sit beside their forward passes).
+- :mod:`fixedstate.kernels`: the internal layer under the cores, the array-level parts
+  several modules share (the chunk machinery of the delta-rule family, the recorded
+  matrix products, the row softmax, the segment sums); no module reaches into another
+  module's private names.
 
 Conventions (the notation appendix documents them once): sequences are arrays
 of shape ``(..., T, d)`` with one token per row and any leading batch and head
