@@ -9,10 +9,11 @@ shapes its docstring states (a leading axis ``B`` for the flattened batch and he
 and trusts them. What lives here is what more than one module needs:
 
 - the chunk machinery of the delta rule family: splitting a sequence into chunks
-  (:func:`chunk_grid`, :func:`split_chunks`), the overflow-safe per-channel pair decays built level by
-  level over halves of a chunk (:func:`levels`, :func:`block_view`, :func:`chunk_decays`,
-  shared by KDA, GLA and RWKV-7), the unit-lower-triangular inverse of the UT transform
-  (:func:`unit_lower_inverse`), the chunk-to-chunk state pass (:func:`state_pass`) and
+  (:func:`chunk_grid`, :func:`split_chunks`), the overflow-safe per-channel pair
+  decays built level by level over halves of a chunk (:func:`chunk_decays`, shared by
+  KDA and GLA, on :func:`levels` and :func:`block_view`, which RWKV-7's pairs use too),
+  the unit-lower-triangular inverse of the UT transform (:func:`unit_lower_inverse`,
+  also RWKV-7's), the chunk-to-chunk state pass (:func:`state_pass`) and
   the chunkwise driver (:func:`delta_chunks`, which DeltaProduct reuses), with the
   one-token and token-scan forms beside it (:func:`delta_step`, :func:`delta_scan`);
 - every matrix product of the chunkwise delta rule (:func:`matmul`,
