@@ -22,7 +22,9 @@ One module per idea, named after the chapter that explains it:
 - :mod:`fixedstate.figures`: interactive figures that work with and without a kernel,
   and each chapter's drawing code (``fixedstate.figures.delta_rule``, ...).
 - :mod:`fixedstate.timing`: the best-of-N timer and the measurements built on it.
-- :mod:`fixedstate.prose`: numbers for the prose, glued at the precision the text shows.
+- :mod:`fixedstate.prose`: numbers for the prose, glued at the precision the text shows,
+  and the one measure of agreement the chapters report (``max_relative_error``).
+- :mod:`fixedstate.layer_ids`: the one name each sequence mixer goes by in every module.
 - :mod:`fixedstate.checks`: automatic feedback for the exercises.
 - :mod:`fixedstate.gradcheck`: checking a backward pass against central finite differences
   (the cores' backward passes, ``*_backward``, sit beside their forward passes).

@@ -23,7 +23,9 @@ import math
 import numbers
 import re
 
-__all__ = ["round_to_format", "glue", "glue_number", "glue_bound", "below", "ROUNDING_LEVEL"]
+import numpy as np
+
+__all__ = ["round_to_format", "glue", "glue_number", "glue_bound", "below", "max_relative_error", "ROUNDING_LEVEL"]
 
 #: Errors below this size are rounding-level: state them as bounds, never as digits.
 ROUNDING_LEVEL = 1e-12
@@ -131,3 +133,22 @@ def below(error, bound: float = ROUNDING_LEVEL) -> str:
     if not err < b:
         raise AssertionError(f"the error {err:.3e} is not below the stated bound {b:.0e}")
     return f"below {b:.0e}"
+
+
+def max_relative_error(a, b) -> float:
+    """The largest entry of ``|a - b|``, relative to the largest entry of ``|b|``.
+
+    This is how the chapters report that two forms of a layer agree: one number for a
+    whole output, unaffected by entries of ``b`` that happen to be near zero. ``a`` and
+    ``b`` must have the same shape and ``b`` must not be all zeros.
+    """
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have the same shape, got {a.shape} and {b.shape}")
+    if b.size == 0:
+        raise ValueError("b must have at least one entry, got an empty array")
+    scale = float(np.max(np.abs(b)))
+    if not scale > 0:
+        raise ValueError(f"b must have a nonzero entry, got largest |b| = {scale}")
+    return float(np.max(np.abs(a - b))) / scale
