@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from time import monotonic
 
@@ -30,6 +33,7 @@ from grading.export import export_nbgrader, export_otter  # noqa: E402
 from grading.grader import Options, _fmt, grade_all  # noqa: E402
 from grading.report import write_reports  # noqa: E402
 from grading.runner import probe_sandbox  # noqa: E402
+from grading.sandbox import grading_edition  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,6 +52,15 @@ def _chapters(names: list[str] | None, book) -> list[str] | None:
     return out
 
 
+def _salt(out: Path) -> str:
+    """The course's salt for the hidden cases: kept in OUT/.salt, so a re-run draws the same cases."""
+    path = out / ".salt"
+    if not path.exists():
+        path.write_text(secrets.token_hex(16) + "\n")
+        os.chmod(path, 0o600)
+    return path.read_text().strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("submissions", type=Path, nargs="?",
@@ -61,7 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cell-timeout", type=float, default=float(os.environ.get("GRADE_CELL_TIMEOUT", 30)),
                    help="seconds for one cell, and for one check (default 30)")
     p.add_argument("--memory", type=int, default=4096, help="memory limit of a kernel in MB (0: none; default 4096)")
-    p.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="notebooks graded at once")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="notebooks graded at once (default: one per core)")
+    p.add_argument("--processes", type=int, default=256, help="processes and threads of one sandbox (default 256)")
+    p.add_argument("--disk", type=int, default=256, help="MB a notebook may write, in all (default 256)")
+    p.add_argument("--salt", default=os.environ.get("FIXEDSTATE_GRADE_SALT", ""),
+                   help="the course's secret that, with each student's id, draws the hidden cases (default: "
+                        "one made at the first run and kept in OUT/.salt)")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="grade without the bubblewrap sandbox (each student's code then runs with your rights)")
     p.add_argument("--points", type=Path, default=None,
                    help="a CSV (exercise,points) of the instructor's own points, overriding the book's badges")
     p.add_argument("--export-otter", type=Path, metavar="DIR",
@@ -84,9 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.submissions is None or not args.submissions.is_dir():
         p.error(f"{args.submissions} is not a folder")
+    sandbox = probe_sandbox(allow_none=args.no_sandbox)
+    args.out.mkdir(parents=True, exist_ok=True)
     opts = Options(timeout=args.timeout, cell_timeout=args.cell_timeout, memory_mb=args.memory, jobs=args.jobs,
-                   chapters=_chapters(args.chapters, book))
-    sandbox = probe_sandbox()
+                   chapters=_chapters(args.chapters, book), salt=args.salt or _salt(args.out),
+                   processes=args.processes, disk_mb=args.disk,
+                   edition=grading_edition(Path(tempfile.mkdtemp(prefix="fsgrade-edition-")) / "checks"))
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
     say(f"grading {args.submissions} ({sandbox.description}; {opts.timeout:g} s per notebook, "
         f"{opts.cell_timeout:g} s per cell, {opts.jobs} at a time)")
@@ -98,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"  {g.student:<16} {g.submission.rel if g.submission else '-':<40} "
             f"{n_passed}/{n_checks} checks, {_fmt(g.points)}/{_fmt(g.auto_max)} points ({g.seconds:.1f} s)")
 
-    graded = grade_all(args.submissions, book, opts, sandbox, progress)
+    try:
+        graded = grade_all(args.submissions, book, opts, sandbox, progress)
+    finally:
+        shutil.rmtree(opts.edition.parent, ignore_errors=True)
     paths = write_reports(graded, args.out)
     say(f"graded {len({g.student for g in graded})} students in {monotonic() - t0:.1f} s")
     for g in graded:

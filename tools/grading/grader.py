@@ -26,8 +26,10 @@ from time import monotonic
 
 import nbformat
 
+from . import hidden
 from .book import Chapter, Exercise, cell_source, exercise_spans, function_arity, normalise, parse_code
-from .runner import KernelSession, Sandbox, scratch_dir
+from .judge import driver_code, judge
+from .runner import GRADE_MIME, KernelSession, Limits, Sandbox, scratch_dir
 
 __all__ = ["Options", "Submission", "Graded", "ExerciseResult", "discover", "identify", "grade_all"]
 
@@ -42,6 +44,15 @@ class Options:
     memory_mb: int = 4096          # address-space limit of a kernel (0: none)
     jobs: int = 2                  # notebooks graded at once
     chapters: list[str] | None = None   # the assigned chapters (stems); None: whatever was handed in
+    salt: str = ""                 # the course's secret: with the student id it seeds the hidden cases
+    processes: int = 256           # processes and threads of one sandbox
+    disk_mb: int = 256             # the sandbox's writable tmpfs
+    edition: Path | None = None    # the grading edition of fixedstate/checks (sandbox.grading_edition)
+    duplicates: str = "latest"     # several notebooks of one chapter: "latest" (by time handed in) or "best"
+
+    def limits(self) -> Limits:
+        return Limits(memory_mb=self.memory_mb, processes=self.processes, disk_mb=self.disk_mb,
+                      cpu_seconds=int(self.timeout + 60))
 
 
 @dataclass
@@ -88,6 +99,7 @@ class Graded:
     notes: list[str]               # about running the notebook: crashed cells, time-outs, other files
     seconds: float = 0.0
     answers: dict[str, list[str]] = field(default_factory=dict)   # label -> the student's own cells
+    review: dict[str, str] = field(default_factory=dict)   # label -> why the instructor should look by hand
 
     @property
     def points(self) -> float:
@@ -187,20 +199,29 @@ def _from_grade(data: dict) -> CheckOutcome:
                         name=str(data.get("name", "")))
 
 
-async def run_notebook(sub: Submission, chapter: Chapter, opts: Options, sandbox: Sandbox) -> _Run:
-    """Execute the submission's code cells, then every check of its chapter; never raises."""
+def _check_outcome(reply, cases) -> CheckOutcome:
+    verdict = judge(cases, reply)
+    if verdict.status == "undefined":
+        return CheckOutcome("undefined", name=verdict.message)
+    return CheckOutcome("ok", passed=verdict.passed, message=verdict.message)
+
+
+async def run_notebook(sub: Submission, chapter: Chapter, opts: Options, sandbox: Sandbox, slot: int = 0) -> _Run:
+    """Execute the submission's code cells, then every check of its chapter on the student's hidden
+    cases; never raises. Points come only from :func:`grading.judge.judge`, outside the kernel."""
     run = _Run()
     cells = [(i, cell_source(c)) for i, c in enumerate(sub.nb.cells)
              if c.get("cell_type") == "code" and cell_source(c).strip()
              and normalise(cell_source(c)) not in chapter.check_cells]
     checks = [(ex.label, j, check) for ex in chapter.exercises for j, check in enumerate(ex.checks)]
     scratch = scratch_dir()
-    workdir = scratch / "work"
-    workdir.mkdir()
+    files = scratch / "files"
+    files.mkdir()
     for sibling in sub.path.parent.iterdir():      # files next to the notebook (a module of the student's)
         try:
-            if sibling.is_file() and sibling.suffix != ".ipynb" and sibling.stat().st_size < 2_000_000:
-                shutil.copy(sibling, workdir / sibling.name)
+            if sibling.is_file() and not sibling.is_symlink() and sibling.suffix != ".ipynb" \
+                    and sibling.stat().st_size < 2_000_000:
+                shutil.copyfile(sibling, files / sibling.name)
         except OSError:
             pass
     nonce = secrets.token_hex(12)
@@ -208,13 +229,13 @@ async def run_notebook(sub: Submission, chapter: Chapter, opts: Options, sandbox
     restarts = 0
     try:
         while True:
-            session = KernelSession(scratch=scratch, workdir=workdir, sandbox=sandbox, nonce=nonce,
-                                    memory_mb=opts.memory_mb, modules=chapter.check_modules)
+            session = KernelSession(scratch=scratch, sandbox=sandbox, limits=opts.limits(), slot=slot,
+                                    edition=opts.edition, nonce=nonce)
             try:
                 await session.start()
             except Exception as exc:  # noqa: BLE001
                 await session.stop()
-                run.notes.append(f"the grader could not start a kernel: {type(exc).__name__}: {exc}")
+                run.notes.append(f"the grader could not start a kernel ({type(exc).__name__})")
                 for label, j, _ in checks:
                     run.outcomes.setdefault((label, j), CheckOutcome("not run", message="the kernel did not start"))
                 return run
@@ -226,8 +247,8 @@ async def run_notebook(sub: Submission, chapter: Chapter, opts: Options, sandbox
                 if remaining <= 0.5:
                     if run.ran_out_at is None:
                         run.ran_out_at = i
-                    run.cell_notes.setdefault(i, f"not run: the notebook's time limit of {opts.timeout:g} s "
-                                                 "ran out before this cell")
+                    run.cell_notes.setdefault(i, f"was not run: the notebook's time limit of {opts.timeout:g} s "
+                                                 "ran out before it")
                     continue
                 out = await session.execute(src, i, min(opts.cell_timeout, remaining))
                 if out.status == "error":
@@ -248,17 +269,21 @@ async def run_notebook(sub: Submission, chapter: Chapter, opts: Options, sandbox
                 for label, j, check in checks:
                     if (label, j) in run.outcomes:
                         continue
-                    out = await session.execute(_snippet(check), -1, opts.cell_timeout)
+                    found = hidden.cases_for(check, hidden.seed(opts.salt, sub.student, label, j))
+                    if found is None:
+                        run.outcomes[(label, j)] = CheckOutcome("no hidden cases")
+                        continue
+                    spec, cases = found
+                    code = driver_code(check.thunk, spec.arg, spec.kind, cases, nonce, GRADE_MIME)
+                    out = await session.execute(code, -1, opts.cell_timeout)
                     if out.status in ("killed", "died"):
                         run.outcomes[(label, j)] = CheckOutcome(out.status)
                         restart = True
                         break
                     if out.status == "timeout":
                         run.outcomes[(label, j)] = CheckOutcome("timeout", message=f"{out.elapsed:.0f}")
-                    elif out.grades:
-                        run.outcomes[(label, j)] = _from_grade(out.grades[-1])
                     else:
-                        run.outcomes[(label, j)] = CheckOutcome("error", message=out.error or "no result")
+                        run.outcomes[(label, j)] = _check_outcome(out.grades[-1] if out.grades else None, cases)
             await session.stop()
             if not restart:
                 return run
@@ -331,6 +356,8 @@ def _describe(o: CheckOutcome, check, limit: float) -> str:
                 "or more memory than the limit)")
     if o.status == "error":
         return f"NOT YET: the check could not use the answer: {o.message}"
+    if o.status == "no hidden cases":
+        return "BY HAND: the grader holds no hidden cases for this check yet; your instructor grades it"
     return f"NOT GRADED: {o.message or o.status}"
 
 
@@ -370,6 +397,34 @@ def score(sub: Submission, chapter: Chapter, run: _Run, opts: Options) -> tuple[
     return results, [*sub.notes, *run.notes, *notes]
 
 
+#: Calls or imports in a student's own cells that reach the package's implementation of what an
+#: exercise asks for: the hidden cases judge values only, so such an answer is flagged for the instructor.
+REFERENCE_NAME = re.compile(r"\b(?:from\s+fixedstate(?!\.checks)[\w.]*\s+import|import\s+fixedstate(?!\.checks)"
+                            r"|fixedstate\.(?!checks)\w+|ANSWERS|_[a-z]\w*_(?:error|recall|value|answer)\b)")
+
+
+def review_flags(sub: Submission, chapter: Chapter) -> dict[str, str]:
+    """Per exercise with checks, why its answer should be looked at by hand: the student's own cells in
+    it import or call the package (outside its checks), or read the checks' stored answers."""
+    original = {normalise(cell_source(c)) for c in json.loads(chapter.path.read_text(encoding="utf-8"))["cells"]}
+    spans = _spans(sub.nb)
+    out = {}
+    for ex in chapter.exercises:
+        if not ex.checks or ex.label not in spans:
+            continue
+        first, last = spans[ex.label]
+        hits = []
+        for cell in sub.nb.cells[first:last + 1]:
+            src = cell_source(cell)
+            if cell.get("cell_type") != "code" or normalise(src) in original:
+                continue
+            hits += [m.group(0).split()[-1] for m in REFERENCE_NAME.finditer(src)]
+        if hits:
+            out[ex.label] = ("the answer's own code names " + ", ".join(dict.fromkeys(f"`{h}`" for h in hits))
+                             + ": check by hand that it does not use the package's implementation or answers")
+    return out
+
+
 def answers_by_hand(sub: Submission, chapter: Chapter) -> dict[str, list[str]]:
     """For each exercise with a part graded by hand, the student's cells in it that the book does not have."""
     original = {normalise(cell_source(c)) for c in json.loads(chapter.path.read_text(encoding="utf-8"))["cells"]}
@@ -396,18 +451,22 @@ def _not_graded(chapter: Chapter, why: str) -> list[ExerciseResult]:
 
 # --------------------------------------------------------------------------- the whole folder
 
-async def _grade_one(sub, chapter, opts, sandbox, sem, progress) -> Graded:
-    async with sem:
+async def _grade_one(sub, chapter, opts, sandbox, slots, progress) -> Graded:
+    slot = await slots.get()
+    try:
         t0 = monotonic()
         try:
-            run = await run_notebook(sub, chapter, opts, sandbox)
+            run = await run_notebook(sub, chapter, opts, sandbox, slot)
             results, notes = score(sub, chapter, run, opts)
         except Exception as exc:  # noqa: BLE001 - a grader bug must not stop the class's run
             results = _not_graded(chapter, f"the grader failed on this notebook: {type(exc).__name__}: {exc}")
             notes = [*sub.notes, f"the grader failed: {type(exc).__name__}: {exc}"]
         g = Graded(sub.student, chapter, sub, results, notes, monotonic() - t0, answers_by_hand(sub, chapter))
+        g.review = review_flags(sub, chapter)
         progress(g)
         return g
+    finally:
+        slots.put_nowait(slot)
 
 
 def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox: Sandbox,
@@ -438,8 +497,10 @@ def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox
             todo.append(sub)
 
     async def main():
-        sem = asyncio.Semaphore(max(1, opts.jobs))
-        return await asyncio.gather(*(_grade_one(s, chapters[s.chapter], opts, sandbox, sem, progress)
+        slots: asyncio.Queue = asyncio.Queue()
+        for slot in range(max(1, opts.jobs)):
+            slots.put_nowait(slot)
+        return await asyncio.gather(*(_grade_one(s, chapters[s.chapter], opts, sandbox, slots, progress)
                                       for s in todo))
 
     graded.extend(asyncio.run(main()) if todo else [])
