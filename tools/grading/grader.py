@@ -203,6 +203,8 @@ def _check_outcome(reply, cases) -> CheckOutcome:
     verdict = judge(cases, reply)
     if verdict.status == "undefined":
         return CheckOutcome("undefined", name=verdict.message)
+    if verdict.status == "timeout":
+        return CheckOutcome("timeout")
     return CheckOutcome("ok", passed=verdict.passed, message=verdict.message)
 
 

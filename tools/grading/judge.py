@@ -65,7 +65,7 @@ class Case:
 class Verdict:
     passed: bool
     message: str                      # written by the grader only
-    status: str = "ok"                # ok | undefined | error | bad-data
+    status: str = "ok"                # ok | undefined | error | bad-data | timeout
 
 
 # --------------------------------------------------------------------------- plain data, both ways
@@ -263,7 +263,7 @@ def judge(cases: list[Case], reply: Any) -> Verdict:
             return Verdict(False, f"on {where}: no answer came back", "error")
         got = got_cases[n - 1]
         if got.get("interrupted"):
-            return Verdict(False, f"on {where}: interrupted at the time limit", "error")
+            return Verdict(False, f"on {where}: interrupted at the time limit", "timeout")
         if "raised" in got:
             return Verdict(False, f"on {where}: the function raised {exception_name(got['raised'])}", "error")
         st = structure(case.expected)

@@ -72,7 +72,8 @@ def _kernel_specs(root: Path, argv: list[str]) -> KernelSpecManager:
     spec_dir.mkdir(parents=True, exist_ok=True)
     (spec_dir / "kernel.json").write_text(json.dumps({
         "argv": argv, "display_name": "fixedstate grader", "language": "python",
-        "metadata": {"debugger": False}}))
+        # a signal would reach the launcher, not the kernel in its own session: ask the kernel itself
+        "interrupt_mode": "message", "metadata": {"debugger": False}}))
     return KernelSpecManager(kernel_dirs=[str(root / "kernels")], ensure_native_kernel=False)
 
 
@@ -107,10 +108,10 @@ class KernelSession:
         return env
 
     async def start(self, timeout: float = 60.0) -> None:
-        run = self.scratch / f"k{self.counter}"
+        run = Path(tempfile.mkdtemp(prefix="k", dir=self.scratch))     # a fresh one for every (re)start
         self.counter += 1
         ipc = run / "ipc"
-        ipc.mkdir(parents=True)
+        ipc.mkdir()
         os.chmod(run, 0o755)
         if self.sandbox.kind == "bwrap":
             cfg = launch_config(run, self.slot, self.sandbox, self.limits, self.edition)
@@ -118,17 +119,17 @@ class KernelSession:
             files = self.scratch / "files"
             if files.is_dir():
                 (run / "files").symlink_to(files)
-            argv = kernel_argv(write_launch_config(cfg, self.scratch / f"launch{self.counter}.json"))
+            argv = kernel_argv(write_launch_config(cfg, run / "launch.json"))
             cwd = str(run)
         else:
             argv = [self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
             work = self.scratch / "work"
             work.mkdir(exist_ok=True)
             cwd = str(work)
-        ksm = _kernel_specs(self.scratch, argv)
+        ksm = _kernel_specs(run, argv)
         self.km = AsyncKernelManager(kernel_name="fixedstate-grade", kernel_spec_manager=ksm, transport="ipc",
                                      ip=str(ipc / "k"))
-        self.km.connection_file = str(self.scratch / f"connection{self.counter}.json")
+        self.km.connection_file = str(run / "connection.json")
         self.client = _Client(nbformat.v4.new_notebook(), km=self.km, kernel_name="fixedstate-grade",
                               timeout=30, allow_errors=True, interrupt_on_timeout=True, record_timing=False,
                               iopub_timeout=4, raise_on_iopub_timeout=False, startup_timeout=int(timeout),
