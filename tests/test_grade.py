@@ -34,7 +34,7 @@ CELL_TIMEOUT = 6
 
 
 def _read(path):
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         return list(csv.DictReader(f))
 
 
@@ -58,7 +58,7 @@ def _auto(rows, student):
 
 
 def test_the_gradebook_has_the_columns_and_one_row_per_student_and_exercise_part(graded):
-    with open(graded["out"] / "gradebook.csv", encoding="utf-8") as f:
+    with open(graded["out"] / "gradebook.csv", encoding="utf-8-sig") as f:
         assert f.readline().strip().split(",")[:6] == ["student", "exercise", "points", "max_points", "passed",
                                                        "message"]
     ch = graded["book"][CHAPTER]

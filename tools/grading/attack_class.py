@@ -269,6 +269,13 @@ def delta_step(state, key, value, beta):
 '''
 
 
+def _fill(code: str, fmt: dict) -> str:
+    """``{name!r}`` and ``{name}`` replaced by the values of ``fmt`` (other braces left alone)."""
+    for key, value in fmt.items():
+        code = code.replace("{" + key + "!r}", repr(value)).replace("{" + key + "}", str(value))
+    return code.replace("{{", "{").replace("}}", "}")
+
+
 def _inject(nb, code: str, at: str = "end"):
     cell = nbformat.v4.new_code_cell(code.strip() + "\n")
     if at == "end":
@@ -304,14 +311,14 @@ def make_attack_class(out: Path, *, canary: Path, grade_out: Path, chapter: str 
         "correct": (honest("correct"), full),
         "victim": (honest("correct"), full),
         "wrong": (honest("wrong"), zero),
-        "attack_files": (_inject(honest("wrong"), FILES.format(**fmt)), zero),
-        "attack_package": (_inject(honest("wrong"), PACKAGE.format(**fmt), at="start"), zero),
-        "attack_sabotage": (_inject(honest("wrong"), SABOTAGE.format(**fmt)), zero),
-        "attack_detached": (_inject(honest("correct"), DETACHED.format(**fmt)), full),
-        "attack_forge": (_inject(honest("wrong"), FORGE.format(**fmt)), zero),
-        "attack_leak": (_inject(_inject(honest("wrong"), LEAK.format(**fmt)), LEAK_OWN), zero),
-        "attack_limits": (_inject(honest("correct"), LIMITS.format(**fmt), at="start"), full),
-        "attack_answers": (_inject(honest("wrong"), ANSWERS.format(**fmt)), zero),
+        "attack_files": (_inject(honest("wrong"), _fill(FILES, fmt)), zero),
+        "attack_package": (_inject(honest("wrong"), _fill(PACKAGE, fmt), at="start"), zero),
+        "attack_sabotage": (_inject(honest("wrong"), _fill(SABOTAGE, fmt)), zero),
+        "attack_detached": (_inject(honest("correct"), _fill(DETACHED, fmt)), full),
+        "attack_forge": (_inject(honest("wrong"), _fill(FORGE, fmt)), zero),
+        "attack_leak": (_inject(_inject(honest("wrong"), _fill(LEAK, fmt)), LEAK_OWN), zero),
+        "attack_limits": (_inject(honest("correct"), _fill(LIMITS, fmt), at="start"), full),
+        "attack_answers": (_inject(honest("wrong"), _fill(ANSWERS, fmt)), zero),
     }
     manifest = {"chapter": chapter, "marker": MARKER, "students": {}}
     for name, (nb, expect) in students.items():

@@ -20,6 +20,7 @@ import json
 import re
 import secrets
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic
@@ -27,6 +28,7 @@ from time import monotonic
 import nbformat
 
 from . import hidden
+from .course import LatePolicy, RosterEntry, match_roster, submitted_at
 from .book import Chapter, Exercise, cell_source, exercise_spans, function_arity, normalise, parse_code
 from .judge import driver_code, judge
 from .runner import GRADE_MIME, KernelSession, Limits, Sandbox, scratch_dir
@@ -64,6 +66,8 @@ class Submission:
     problem: str = ""              # why it could not be read
     chapter: str | None = None     # the chapter it holds (a stem)
     notes: list[str] = field(default_factory=list)
+    submitted: object | None = None    # when it was handed in (datetime), see grading.course.submitted_at
+    submitted_from: str = ""
 
 
 @dataclass
@@ -100,6 +104,9 @@ class Graded:
     seconds: float = 0.0
     answers: dict[str, list[str]] = field(default_factory=dict)   # label -> the student's own cells
     review: dict[str, str] = field(default_factory=dict)   # label -> why the instructor should look by hand
+    roster: RosterEntry | None = None
+    late_days: int = 0
+    penalty: float = 0.0           # the fraction of the points the late policy takes off
 
     @property
     def points(self) -> float:
@@ -131,7 +138,12 @@ def read_submission(sub: Submission) -> None:
     try:
         if sub.path.stat().st_size == 0:
             raise ValueError("the file is empty (0 bytes)")
-        nb = nbformat.read(sub.path, as_version=4)
+        with warnings.catch_warnings():           # cells without ids (older Jupyter): given ids below
+            warnings.simplefilter("ignore")
+            nb = nbformat.read(sub.path, as_version=4)
+        for i, cell in enumerate(nb.get("cells", [])):
+            if isinstance(cell, dict) and not cell.get("id"):
+                cell["id"] = f"cell-{i}"
         if not isinstance(nb.get("cells"), list):
             raise ValueError("it has no cells")
         sub.nb = nb
@@ -363,6 +375,22 @@ def _describe(o: CheckOutcome, check, limit: float) -> str:
     return f"NOT GRADED: {o.message or o.status}"
 
 
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _where(nb, i: int, cell_exercise: dict[int, str]) -> str:
+    """A cell as a student finds it: the exercise's label and the cell's rank among its code cells
+    (never a 0-based index of the whole notebook, which no student sees)."""
+    label = cell_exercise.get(i)
+    same = [j for j in range(i + 1) if nb.cells[j].get("cell_type") == "code" and cell_exercise.get(j) == label]
+    if label is None:
+        first = min(cell_exercise, default=len(nb.cells))
+        return (f"the {_ordinal(len(same))} code cell " + ("before the first exercise" if i < first
+                                                          else "outside the exercises"))
+    return f"the {_ordinal(len(same))} code cell of {label}"
+
+
 def score(sub: Submission, chapter: Chapter, run: _Run, opts: Options) -> tuple[list[ExerciseResult], list[str]]:
     spans = _spans(sub.nb)
     known = {n for ex in chapter.exercises for n in ex.names}
@@ -381,12 +409,12 @@ def score(sub: Submission, chapter: Chapter, run: _Run, opts: Options) -> tuple[
             if o.status == "undefined":
                 text += _renamed(sub, ex, o.name, spans.get(ex.label), known)
                 if run.ran_out_at is not None:
-                    text += f" (the notebook ran out of time at cell {run.ran_out_at})"
+                    text += f" (the notebook ran out of time at {_where(sub.nb, run.ran_out_at, cell_exercise)})"
             if o.passed:
                 got += share
             texts.append(text)
             parts.append(f"{check.part}: {text}" if len(ex.checks) > 1 else text)
-        cell_notes = [f"cell {i} {note}" for i, note in sorted(run.cell_notes.items())
+        cell_notes = [f"{_where(sub.nb, i, cell_exercise)} {note}" for i, note in sorted(run.cell_notes.items())
                       if cell_exercise.get(i) == ex.label]
         message = " | ".join(parts)
         if cell_notes and not all(o.passed for o in outcomes):
@@ -394,8 +422,7 @@ def score(sub: Submission, chapter: Chapter, run: _Run, opts: Options) -> tuple[
         if cell_notes and not all(o.passed for o in outcomes):
             texts = [*texts, "while running the notebook: " + "; ".join(cell_notes)]
         results.append(ExerciseResult(ex, round(got, 4), outcomes, message, texts))
-    notes = [f"cell {i} {note}" + (f" (in {cell_exercise[i]})" if i in cell_exercise else "")
-             for i, note in sorted(run.cell_notes.items())]
+    notes = [f"{_where(sub.nb, i, cell_exercise)} {note}" for i, note in sorted(run.cell_notes.items())]
     return results, [*sub.notes, *run.notes, *notes]
 
 
@@ -471,14 +498,48 @@ async def _grade_one(sub, chapter, opts, sandbox, slots, progress) -> Graded:
         slots.put_nowait(slot)
 
 
+def assignment(subs: list[Submission], chapters: dict[str, Chapter]) -> list[str]:
+    """The chapters assigned, when the instructor did not say: those the notebooks' file names and
+    contents agree on (a misfiled notebook adds no chapter for the whole class), else, if no
+    notebook's name and content agree, what the notebooks hold."""
+    agreed = {s.chapter for s in subs if s.chapter and _chapter_by_name(s.path.name, chapters) in (s.chapter, None)}
+    return sorted(agreed or {s.chapter for s in subs if s.chapter})
+
+
+def _timestamp(sub: Submission) -> None:
+    try:
+        sub.submitted, sub.submitted_from = submitted_at(sub.path)
+    except OSError:
+        sub.submitted, sub.submitted_from = None, ""
+
+
+def _pick_latest(subs: list[Submission]) -> tuple[list[Submission], dict[tuple[str, str], list[str]]]:
+    """Of several notebooks of one student and chapter, the one handed in last; notes on the others."""
+    groups: dict[tuple[str, str], list[Submission]] = {}
+    for sub in subs:
+        groups.setdefault((sub.student, sub.chapter), []).append(sub)
+    keep, notes = [], {}
+    for key, group in groups.items():
+        group.sort(key=lambda s: (s.submitted is not None, s.submitted or 0, s.path.stem == s.chapter, s.rel))
+        keep.append(group[-1])
+        if len(group) > 1:
+            notes[key] = [f"{', '.join(s.rel for s in group[:-1])} also hold{'s' if len(group) == 2 else ''} "
+                          f"this chapter; the one handed in last, {group[-1].rel}, was graded "
+                          "(duplicate policy: latest)"]
+    return keep, notes
+
+
 def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox: Sandbox,
-              progress=lambda g: None) -> list[Graded]:
-    """Grade every notebook in ``folder``; one :class:`Graded` per student and chapter."""
+              progress=lambda g: None, roster: list[RosterEntry] | None = None,
+              policy: LatePolicy | None = None) -> list[Graded]:
+    """Grade every notebook in ``folder``; one :class:`Graded` per student and assigned chapter
+    (and per roster row, handed in or not)."""
     subs = discover(folder)
     for sub in subs:
         read_submission(sub)
         identify(sub, chapters)
-    assigned = opts.chapters
+        _timestamp(sub)
+    assigned = opts.chapters if opts.chapters is not None else assignment(subs, chapters)
     students = sorted({s.student for s in subs})
     todo: list[Submission] = []
     graded: list[Graded] = []
@@ -487,7 +548,7 @@ def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox
         if sub.chapter is None:
             skipped.setdefault(sub.student, []).append(
                 f"{sub.rel}: " + (sub.problem or "could not tell which chapter's exercises it holds; not graded"))
-        elif assigned is not None and sub.chapter not in assigned:
+        elif sub.chapter not in assigned:
             skipped.setdefault(sub.student, []).append(
                 f"{sub.rel} holds the exercises of chapter {chapters[sub.chapter].number} "
                 f"({sub.chapter}), which was not assigned: not graded")
@@ -497,6 +558,16 @@ def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox
                                  [*sub.notes, f"{sub.rel} is {sub.problem}"]))
         else:
             todo.append(sub)
+    dup_notes: dict[tuple[str, str], list[str]] = {}
+    if opts.duplicates == "latest":
+        todo, dup_notes = _pick_latest(todo)
+    todo.sort(key=lambda s: (s.student, s.chapter))
+    counter = {"done": 0}
+    report = progress
+
+    def progress(g):                      # noqa: F811 - the caller's, with the count done and the total
+        counter["done"] += 1
+        report(g, counter["done"], len(todo))
 
     async def main():
         slots: asyncio.Queue = asyncio.Queue()
@@ -506,7 +577,6 @@ def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox
                                       for s in todo))
 
     graded.extend(asyncio.run(main()) if todo else [])
-    # one grade per student and chapter: the best of several copies
     best: dict[tuple[str, str], Graded] = {}
     for g in graded:
         key = (g.student, g.chapter.stem)
@@ -514,12 +584,24 @@ def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox
         if other is None:
             best[key] = g
             continue
-        keep, drop = (g, other) if _rank(g) > _rank(other) else (other, g)
-        keep.notes.append(f"{drop.submission.rel} holds the same chapter; the better-scoring copy "
-                          f"{keep.submission.rel} was kept")
+        if g.submission.nb is None or other.submission.nb is None:      # a readable copy beats a broken one
+            keep, drop = (g, other) if other.submission.nb is None else (other, g)
+        else:                                                              # duplicate policy: best
+            keep, drop = (g, other) if _rank(g) > _rank(other) else (other, g)
+        keep.notes.append(f"{drop.submission.rel} holds the same chapter; "
+                          + ("the better-scoring copy " if opts.duplicates == "best" else "the readable copy ")
+                          + f"{keep.submission.rel} was graded (duplicate policy: {opts.duplicates})")
         best[key] = keep
-    wanted = assigned if assigned is not None else sorted({g.chapter.stem for g in best.values()})
+    for key, notes in dup_notes.items():
+        if key in best:
+            best[key].notes.extend(notes)
+    wanted = list(assigned)
+    on_roster = {}
     for student in students:
+        entry = match_roster(student, roster) if roster else None
+        on_roster[student] = entry
+    missing = [e for e in roster or [] if e not in set(on_roster.values())]
+    for student in [*students, *(e.id for e in missing)]:
         for stem in wanted:
             if (student, stem) not in best:
                 why = "not submitted"
@@ -529,15 +611,20 @@ def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox
                                                [why])
             elif skipped.get(student):
                 best[(student, stem)].notes.extend(skipped[student])
-    out = [best[k] for k in sorted(best) if assigned is None or k[1] in assigned]
-    # a student whose only notebooks could not be placed still appears, with a note
-    placed = {g.student for g in out}
-    for student in students:
-        if student not in placed:
-            for stem in wanted:
-                out.append(Graded(student, chapters[stem], None,
-                                  _not_graded(chapters[stem], "; ".join(skipped.get(student, ["not submitted"]))),
-                                  skipped.get(student, [])))
+    out = [best[k] for k in sorted(best) if k[1] in assigned]
+    entries = {**on_roster, **{e.id: e for e in missing}}
+    for g in out:
+        g.roster = entries.get(g.student)
+        if roster and g.roster is None:
+            g.notes.append(f"the folder {g.student!r} matches no one on the roster")
+        if policy is not None and g.submission is not None and g.submission.submitted is not None:
+            g.late_days = policy.late_days(g.submission.submitted)
+            g.penalty = policy.penalty(g.late_days)
+            if g.late_days:
+                g.notes.append(f"handed in {g.late_days} day{'s' if g.late_days > 1 else ''} late "
+                               f"({g.submission.submitted.isoformat(timespec='minutes')}, from "
+                               f"{g.submission.submitted_from}; {policy.describe()}): "
+                               f"{g.penalty:.0%} of the points taken off")
     return sorted(out, key=lambda g: (g.student, g.chapter.stem))
 
 

@@ -40,7 +40,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from .judge import exception_name
-from .sandbox import Limits, Sandbox, kernel_argv, launch_config, probe_sandbox, write_launch_config
+from .sandbox import UID_BASE, Limits, Sandbox, kernel_argv, launch_config, probe_sandbox, write_launch_config
 
 __all__ = ["GRADE_MIME", "Outcome", "KernelSession", "Sandbox", "probe_sandbox", "Limits"]
 
@@ -108,6 +108,7 @@ class KernelSession:
         return env
 
     async def start(self, timeout: float = 60.0) -> None:
+        await self.reap()                 # nothing of an earlier notebook of this slot may still count
         run = Path(tempfile.mkdtemp(prefix="k", dir=self.scratch))     # a fresh one for every (re)start
         self.counter += 1
         ipc = run / "ipc"
@@ -226,9 +227,42 @@ class KernelSession:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError, OSError):
                 pass
+        await self.reap()
+
+    async def reap(self, wait: float = 20.0) -> None:
+        """As root, the slot's uid belongs to its sandbox alone: kill whatever still runs under it and wait
+        until nothing does (the PID namespace dies with its first process, but its processes take a
+        moment to go, and the next notebook of this slot must not count them against its limit)."""
+        if self.sandbox.kind != "bwrap" or not self.sandbox.as_root:
+            return
+        uid = UID_BASE + self.slot
+        t0 = monotonic()
+        while True:
+            pids = processes_of(uid)
+            if not pids or monotonic() - t0 > wait:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
         await self.kill()
+
+
+def processes_of(uid: int) -> list[int]:
+    """The ids of the processes whose real uid is ``uid`` (zombies included)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.stat(entry.path).st_uid == uid:
+                    out.append(int(entry.name))
+            except OSError:
+                pass
+    return out
 
 
 def scratch_dir() -> Path:

@@ -31,7 +31,10 @@ import numpy as np
 
 from ..judge import Case
 
-__all__ = ["Hidden", "HIDDEN", "seed", "cases_for", "register"]
+__all__ = ["Hidden", "HIDDEN", "seed", "cases_for", "register", "SENTINEL"]
+
+#: A line that exists only here: tests/test_grade_hidden.py looks for it in the student wheel and kit.
+SENTINEL = "fixedstate hidden cases: held by the instructor, never shipped to students"
 
 
 @dataclass
