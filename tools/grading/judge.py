@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import dataclasses
 import io
 import json
 import math
@@ -59,6 +60,7 @@ class Case:
     atol: float = 1e-10
     what: str = "the result"
     relative: bool | None = None      # numeric answers: tolerance relative to the value
+    normalise: dict = field(default_factory=dict)   # part name -> how a string answer is read (aliases)
 
 
 @dataclass
@@ -71,7 +73,11 @@ class Verdict:
 # --------------------------------------------------------------------------- plain data, both ways
 
 def encode(x: Any) -> Any:
-    """Inputs as JSON: arrays as base64 ``.npy`` (no pickles), tuples and dicts kept."""
+    """Inputs as JSON: arrays as base64 ``.npy`` (no pickles), tuples and dicts kept, and the package's
+    configuration dataclasses as their class's name and fields."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type) and type(x).__module__.startswith("fixedstate."):
+        fields = {f.name: encode(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init}
+        return {"__obj__": f"{type(x).__module__}:{type(x).__qualname__}", "fields": fields}
     if isinstance(x, np.ndarray):
         buf = io.BytesIO()
         np.save(buf, x, allow_pickle=False)
@@ -130,6 +136,10 @@ def __fixedstate_hidden(__thunk):
                 return tuple(_dec(v) for v in x["__tuple__"])
             if "__dict__" in x:
                 return {{_dec(k): _dec(v) for k, v in x["__dict__"]}}
+            if "__obj__" in x and x["__obj__"].startswith("fixedstate."):
+                import importlib as _il
+                _mod, _cls = x["__obj__"].split(":")
+                return getattr(_il.import_module(_mod), _cls)(**{{k: _dec(v) for k, v in x["fields"].items()}})
         if isinstance(x, list):
             return [_dec(v) for v in x]
         return x
@@ -278,6 +288,12 @@ def judge(cases: list[Case], reply: Any) -> Verdict:
             if value is None:
                 return Verdict(False, f"on {where}: {what} is {why}", "bad-data")
             if isinstance(exp, str):
+                read = case.normalise.get(name)
+                if read is not None and isinstance(value, str):
+                    try:
+                        value = read(value)
+                    except Exception:  # noqa: BLE001 - the grader's own reader; an odd string is just wrong
+                        pass
                 if value != exp:
                     return Verdict(False, f"on {where}: {what} is not right")
                 continue
