@@ -156,3 +156,27 @@ def test_the_hidden_cases_are_not_in_the_student_wheel_or_kit(wheel_and_kit):
                     inner = zipfile.ZipFile(__import__("io").BytesIO(data))
                     assert not any(sentinel in inner.read(n) for n in inner.namelist())
                 assert sentinel not in data, (archive.name, name)
+
+
+def test_an_answer_that_calls_the_package_is_flagged_for_review_and_a_correct_one_is_not(tmp_path):
+    import make_grade_fixtures
+    import nbformat
+    from grading.grader import Submission, read_submission, review_flags
+    chapters = book.read_book(ROOT)
+    make_grade_fixtures.make_fixtures(tmp_path, None, ROOT)
+    for stem, ch in chapters.items():
+        sub = Submission("correct", tmp_path / "correct" / f"{stem}.ipynb", "x")
+        read_submission(sub)
+        assert review_flags(sub, ch) == {}, stem
+    path = tmp_path / "correct" / f"{CHAPTER}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "def kda_chunk" in c.source)
+    cell.source = ("def kda_chunk(q, k, v, beta, log_gate, state):\n"
+                   "    return dr.kda_loop(q, k, v, beta=beta, log_gate=log_gate, initial_state=state)\n")
+    halving = next(c for c in nb.cells if c.cell_type == "code" and "error_after_three =" in c.source)
+    halving.source += "\nerror_after_three = ANSWERS['ex-dr-halving']['value']\n"
+    nbformat.write(nb, path)
+    sub = Submission("cheat", path, "x")
+    read_submission(sub)
+    flags = review_flags(sub, chapters[CHAPTER])
+    assert "`dr.kda_loop`" in flags["ex-dr-ut-solve"] and "`ANSWERS`" in flags["ex-dr-halving"]

@@ -1,18 +1,21 @@
 """Grade a folder of submitted exercise notebooks: ``make grade SUBMISSIONS=<folder>``.
 
-Usage: python tools/grade.py SUBMISSIONS [--out DIR] [--chapters 03 06] [--timeout S]
-                             [--cell-timeout S] [--memory MB] [--jobs N] [--points FILE]
+Usage: python tools/grade.py SUBMISSIONS [--out DIR] [--chapters 03 06] [--roster FILE]
+                             [--deadline ISO] [--grace MIN] [--late-penalty PCT] [--duplicates latest|best]
+                             [--timeout S] [--cell-timeout S] [--memory MB] [--disk MB] [--jobs N]
        python tools/grade.py --export-otter DIR [--chapters 03]       (otter-grader tests)
        python tools/grade.py --export-nbgrader DIR [--chapters 03]    (nbgrader source notebooks)
 
-Each notebook runs from the top in a fresh kernel (no network, a memory limit,
-a time limit per cell and per notebook, the stored outputs ignored); then the
-grader itself calls the book's checks in that kernel on the functions and
-answers the notebook defined. The check cells of the submission are not the
-source of truth: an unchanged check cell is skipped, an edited one runs but its
-output is ignored. Writes gradebook.csv, totals.csv, feedback/<student>.md and
-by_hand.md to --out (default _build/grade). See the "Grading" section of the
-instructor's guide (appendix/instructors.md).
+Each notebook runs from the top in a fresh kernel sealed in a bubblewrap
+sandbox (tools/grading/sandbox.py: own PID, network and user namespaces, the
+system and package read-only, nothing else of the machine visible, a private
+tmpfs, kernel-enforced limits); the stored outputs are ignored. Then the
+grader, outside the sandbox, has the student's functions called on hidden
+cases drawn for that student (tools/grading/hidden/), receives the answers as
+plain data and judges them with answers it computes itself. Writes
+gradebook.csv, totals.csv, canvas.csv, feedback/<student>.md and by_hand.md to
+--out (default _build/grade). See the "Grading" section of the instructor's
+guide (appendix/instructors.md).
 """
 
 from __future__ import annotations

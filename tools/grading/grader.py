@@ -16,12 +16,15 @@ reported.
 from __future__ import annotations
 
 import asyncio
+import ast
+import importlib
 import json
 import re
 import secrets
 import shutil
 import warnings
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from time import monotonic
 
@@ -426,31 +429,86 @@ def score(sub: Submission, chapter: Chapter, run: _Run, opts: Options) -> tuple[
     return results, [*sub.notes, *run.notes, *notes]
 
 
-#: Calls or imports in a student's own cells that reach the package's implementation of what an
-#: exercise asks for: the hidden cases judge values only, so such an answer is flagged for the instructor.
-REFERENCE_NAME = re.compile(r"\b(?:from\s+fixedstate(?!\.checks)[\w.]*\s+import|import\s+fixedstate(?!\.checks)"
-                            r"|fixedstate\.(?!checks)\w+|ANSWERS|_[a-z]\w*_(?:error|recall|value|answer)\b)")
+#: Modules of the package a student's answer may use freely (printing and plotting helpers).
+HELPER_MODULES = ("fixedstate.checks", "fixedstate.prose", "fixedstate.timing", "fixedstate.figures")
+
+
+def _package_aliases(nb) -> set[str]:
+    """Names the notebook binds to the package (outside its checks and helpers), in any cell:
+    ``from fixedstate import delta_rule as dr`` binds ``dr``; ``from fixedstate.delta_rule import kda_loop``
+    binds ``kda_loop``; ``import fixedstate`` binds ``fixedstate``."""
+    names = {"fixedstate"}
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        tree = parse_code(cell_source(cell))
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fixedstate") \
+                    and not (node.module or "").startswith(HELPER_MODULES):
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}".startswith(HELPER_MODULES):
+                        continue
+                    names.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("fixedstate") and not alias.name.startswith(HELPER_MODULES):
+                        names.add(alias.asname or alias.name.split(".")[0])
+    return names
+
+
+@lru_cache(maxsize=None)
+def _forbidden_names(modules: tuple[str, ...]) -> frozenset[str]:
+    """The package's functions that the chapter's self-checks refuse in an answer (their ``*_FORMS``):
+    the names a challenge's answer must not call. Read in the grader's process, from the real checks."""
+    names = set()
+    for name in modules:
+        module = importlib.import_module(name)
+        groups = [getattr(module, a) for a in dir(module) if a.endswith("FORMS")]
+        if callable(getattr(module, "_forbidden", None)):
+            groups.append(module._forbidden())
+        for group in groups:
+            names.update(f.__name__ for f in group if callable(f) and hasattr(f, "__name__"))
+    return frozenset(names)
 
 
 def review_flags(sub: Submission, chapter: Chapter) -> dict[str, str]:
     """Per exercise with checks, why its answer should be looked at by hand: the student's own cells in
-    it import or call the package (outside its checks), or read the checks' stored answers."""
+    it use a name bound to the package (outside its checks), or read the checks' stored answers. The
+    hidden cases judge values, so an answer that calls the package's implementation passes them."""
     original = {normalise(cell_source(c)) for c in json.loads(chapter.path.read_text(encoding="utf-8"))["cells"]}
     spans = _spans(sub.nb)
+    aliases = _package_aliases(sub.nb)
+    forbidden = _forbidden_names(tuple(chapter.check_modules))
     out = {}
     for ex in chapter.exercises:
         if not ex.checks or ex.label not in spans:
             continue
         first, last = spans[ex.label]
-        hits = []
+        hits: list[str] = []
         for cell in sub.nb.cells[first:last + 1]:
             src = cell_source(cell)
             if cell.get("cell_type") != "code" or normalise(src) in original:
                 continue
-            hits += [m.group(0).split()[-1] for m in REFERENCE_NAME.finditer(src)]
+            tree = parse_code(src)
+            if tree is None:
+                continue
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Name) and node.id == "ANSWERS") or \
+                        (isinstance(node, ast.Attribute) and node.attr == "ANSWERS"):
+                    hits.append("ANSWERS")
+            # inside the functions the answer defines: the package's names (a number may be computed
+            # with the package; a function the exercise asks for must not call its implementation)
+            for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Attribute) and node.attr in forbidden and \
+                            isinstance(node.value, ast.Name) and node.value.id in aliases:
+                        hits.append(f"{node.value.id}.{node.attr}")
+                    elif isinstance(node, ast.Name) and node.id in forbidden and node.id in aliases:
+                        hits.append(node.id)
         if hits:
-            out[ex.label] = ("the answer's own code names " + ", ".join(dict.fromkeys(f"`{h}`" for h in hits))
-                             + ": check by hand that it does not use the package's implementation or answers")
+            out[ex.label] = ("the answer's own code uses " + ", ".join(dict.fromkeys(f"`{h}`" for h in hits))
+                             + ": check by hand that it does not call the package's implementation or "
+                               "read its stored answers")
     return out
 
 
