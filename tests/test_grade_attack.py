@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from grading.attack_class import MARKER, make_attack_class  # noqa: E402
-from grading.sandbox import UID_BASE  # noqa: E402
+from grading.sandbox import MAX_SLOTS, UID_BASE  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.environ.get("FIXEDSTATE_ATTACK_TEST") != "1",
                                 reason="the attack class runs in `make grade-attack-test` (FIXEDSTATE_ATTACK_TEST=1)")
@@ -56,7 +56,7 @@ def _suspects() -> list[str]:
                        if line.startswith("Uid:"))
         except (OSError, StopIteration, ValueError):
             continue
-        if MARKER in cmd or UID_BASE <= uid < UID_BASE + 64:
+        if MARKER in cmd or UID_BASE <= uid < UID_BASE + MAX_SLOTS:
             found.append(f"{proc.name} uid={uid} {cmd[:120]}")
     return found
 

@@ -35,6 +35,7 @@ from .course import LatePolicy, RosterEntry, match_roster, submitted_at
 from .book import Chapter, Exercise, cell_source, exercise_spans, function_arity, normalise, parse_code
 from .judge import driver_code, judge
 from .runner import GRADE_MIME, KernelSession, Limits, Sandbox, scratch_dir
+from .sandbox import claim_slots
 
 __all__ = ["Options", "Submission", "Graded", "ExerciseResult", "discover", "identify", "grade_all"]
 
@@ -627,14 +628,20 @@ def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox
         counter["done"] += 1
         report(g, counter["done"], len(todo))
 
-    async def main():
+    async def main(claimed):
         slots: asyncio.Queue = asyncio.Queue()
-        for slot in range(max(1, opts.jobs)):
+        for slot in claimed:
             slots.put_nowait(slot)
         return await asyncio.gather(*(_grade_one(s, chapters[s.chapter], opts, sandbox, slots, progress)
                                       for s in todo))
 
-    graded.extend(asyncio.run(main()) if todo else [])
+    if todo:
+        claimed, locks = claim_slots(max(1, opts.jobs))     # uids no other grader run on the machine uses
+        try:
+            graded.extend(asyncio.run(main(claimed)))
+        finally:
+            for lock in locks:
+                lock.close()
     best: dict[tuple[str, str], Graded] = {}
     for g in graded:
         key = (g.student, g.chapter.stem)

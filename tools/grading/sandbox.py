@@ -44,6 +44,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -239,3 +240,31 @@ def write_launch_config(cfg: LaunchConfig, path: Path) -> Path:
 def kernel_argv(config_path: Path) -> list[str]:
     """The kernel spec's command: the trusted launcher, which then starts bwrap."""
     return [sys.executable, str(HERE / "launch.py"), str(config_path), "{connection_file}"]
+
+
+#: How many job slots (and uids) the machine's grader runs may use at once, together.
+MAX_SLOTS = 256
+
+
+def claim_slots(n: int) -> tuple[list[int], list]:
+    """Claim ``n`` job slots no other grader run on this machine holds (a lock file each, held open
+    for the run): two runs at once then never share a sandbox uid, whose processes the grader kills
+    between notebooks. Returns the slots and the open lock files (close them to release)."""
+    import fcntl
+    folder = Path(tempfile.gettempdir()) / f"fsgrade-slots-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    slots, handles = [], []
+    for slot in range(MAX_SLOTS):
+        if len(slots) == n:
+            break
+        handle = open(folder / f"{slot}.lock", "w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            continue
+        slots.append(slot)
+        handles.append(handle)
+    if not slots:
+        raise RuntimeError(f"all {MAX_SLOTS} grading slots of this machine are in use")
+    return slots, handles
