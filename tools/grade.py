@@ -37,7 +37,7 @@ from grading.export import export_nbgrader, export_otter  # noqa: E402
 from grading.grader import Options, _fmt, grade_all  # noqa: E402
 from grading.report import write_reports  # noqa: E402
 from grading.runner import probe_sandbox  # noqa: E402
-from grading.sandbox import grading_edition  # noqa: E402
+from grading.sandbox import Sandbox, grading_edition  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         policy = LatePolicy.parse(args.deadline, args.late_penalty, args.grace, args.late_max_days)
     except (OSError, ValueError) as exc:
         p.error(str(exc))
-    sandbox = probe_sandbox(allow_none=args.no_sandbox)
+    sandbox = (Sandbox("none", "NO SANDBOX (--no-sandbox): each student's code runs with your account's rights")
+               if args.no_sandbox else probe_sandbox())
     args.out.mkdir(parents=True, exist_ok=True)
     opts = Options(timeout=args.timeout, cell_timeout=args.cell_timeout, memory_mb=args.memory, jobs=args.jobs,
                    chapters=_chapters(args.chapters, book), salt=args.salt or _salt(args.out),
