@@ -41,6 +41,7 @@ __all__ = ["Options", "Submission", "Graded", "ExerciseResult", "discover", "ide
 
 LABEL_ANYWHERE = re.compile(r":label:\s*(ex-[\w-]+)")
 MAX_RESTARTS = 3
+START_ATTEMPTS = 3
 
 
 @dataclass
@@ -247,13 +248,18 @@ async def run_notebook(sub: Submission, chapter: Chapter, opts: Options, sandbox
     restarts = 0
     try:
         while True:
-            session = KernelSession(scratch=scratch, sandbox=sandbox, limits=opts.limits(), slot=slot,
-                                    edition=opts.edition, nonce=nonce)
-            try:
-                await session.start()
-            except Exception as exc:  # noqa: BLE001
-                await session.stop()
-                run.notes.append(f"the grader could not start a kernel ({type(exc).__name__})")
+            for attempt in range(START_ATTEMPTS):      # a start can fail on a loaded machine: try again
+                session = KernelSession(scratch=scratch, sandbox=sandbox, limits=opts.limits(), slot=slot,
+                                        edition=opts.edition, nonce=nonce)
+                try:
+                    await session.start()
+                    break
+                except Exception as exc:  # noqa: BLE001
+                    await session.stop()
+                    failure = exc
+            else:
+                run.notes.append(f"the grader could not start a kernel ({type(failure).__name__}, "
+                                 f"{START_ATTEMPTS} attempts)")
                 for label, j, _ in checks:
                     run.outcomes.setdefault((label, j), CheckOutcome("not run", message="the kernel did not start"))
                 return run
