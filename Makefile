@@ -29,7 +29,8 @@ help:
 	@echo "make bench-figures time one update of every interactive figure in live mode (median, 95th percentile)"
 	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
 	@echo "make student-kit   one zip for students: chapter and exercise notebooks, the package wheel, pinned requirements"
-	@echo "make grade         grade a folder of exercise notebooks: make grade SUBMISSIONS=<folder>"
+	@echo "make grade         grade a folder of exercise notebooks, each sealed in a sandbox: make grade SUBMISSIONS=<folder>"
+	@echo "make grade-attack-test  grade the attack class next to honest students and check that nothing leaked"
 	@echo "make experiment    train the tiny models of chapter 9 on MQAR (about 10 min on a 2-core machine); writes results/mqar_sweep.json"
 	@echo "make experiment-ssd  chapter 9's pre-registered follow-up: the SSD with its step initialised at 0.01 (a few min); writes results/mqar_ssd_followup.json"
 
@@ -118,18 +119,37 @@ bench: $(STAMP)
 	FIXEDSTATE_TIMING= $(BIN)/python benchmarks/ssd_bench.py
 
 # Grade a folder of submitted exercise notebooks (the "Grading" section of appendix/instructors.md):
-#   make grade SUBMISSIONS=<folder> [CHAPTERS="03 04"] [GRADE_OUT=<dir>] [GRADE_FLAGS="--timeout 300"]
+#   make grade SUBMISSIONS=<folder> [CHAPTERS="03 04"] [ROSTER=roster.csv] [DEADLINE=2026-03-01T23:59]
+#              [GRADE_OUT=<dir>] [GRADE_FLAGS="--late-penalty 10 --grace 15"]
 # Without SUBMISSIONS, grade a fake class generated from the current exercises and solutions.
-.PHONY: grade
+# Each notebook runs in a bubblewrap sandbox: tools/system_deps.sh installs bwrap if it is missing.
+.PHONY: grade grade-attack-test
 SUBMISSIONS ?=
 CHAPTERS ?=
+ROSTER ?=
+DEADLINE ?=
 GRADE_OUT ?= _build/grade
 GRADE_FLAGS ?=
 GRADE_FIXTURES := _build/grade/fixtures
+GRADE_VARS := SUBMISSIONS CHAPTERS ROSTER DEADLINE GRADE_OUT GRADE_FLAGS PYTHON TEST_WORKERS WORKERS
+ifneq ($(filter grade,$(MAKECMDGOALS)),)
+GRADE_UNKNOWN := $(filter-out $(GRADE_VARS),$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
+ifneq ($(GRADE_UNKNOWN),)
+$(error make grade: unknown variable $(GRADE_UNKNOWN); it takes SUBMISSIONS=<folder> CHAPTERS= ROSTER= DEADLINE= GRADE_OUT= GRADE_FLAGS= (a typo such as SUBMISSION= would otherwise grade the fake class))
+endif
+endif
 grade: $(STAMP)
+	bash tools/system_deps.sh bwrap
 	$(if $(SUBMISSIONS),,rm -rf $(GRADE_FIXTURES) && $(BIN)/python tools/make_grade_fixtures.py $(GRADE_FIXTURES))
 	$(BIN)/python tools/grade.py "$(or $(SUBMISSIONS),$(GRADE_FIXTURES))" --out "$(GRADE_OUT)" \
-	  $(if $(CHAPTERS),--chapters $(CHAPTERS)) $(if $(SUBMISSIONS),,--cell-timeout 5 --timeout 60) $(GRADE_FLAGS)
+	  $(if $(CHAPTERS),--chapters $(CHAPTERS)) $(if $(ROSTER),--roster "$(ROSTER)") \
+	  $(if $(DEADLINE),--deadline "$(DEADLINE)") $(if $(SUBMISSIONS),,--cell-timeout 5 --timeout 60) $(GRADE_FLAGS)
+
+# The attack class of issue #28 graded next to honest students, then a 30 s wait for the attackers'
+# detached processes (tests/test_grade_attack.py); about two minutes, so .ci/run calls it after make test.
+grade-attack-test: $(STAMP)
+	bash tools/system_deps.sh bwrap
+	FIXEDSTATE_ATTACK_TEST=1 $(BIN)/python -m pytest tests/test_grade_attack.py -q -p no:cacheprovider
 
 # Optional, never part of make test: the reference implementations of transformers
 # (pure-torch Gated DeltaNet and KDA) in an environment of their own. torch==2.13.0

@@ -47,8 +47,19 @@ def _test_code(check) -> list[str]:
             "assert _result.passed, str(_result)"]
 
 
-def export_otter(chapters: dict[str, Chapter], out: Path, requirements: str = "") -> list[Path]:
-    """Write ``<out>/<chapter>/autograder.zip`` for every chapter; return the zip files."""
+def otter_requirements(version: str, wheel: str = "") -> str:
+    """The autograder's requirements.txt: the book's package, from the wheel inside the zip."""
+    return ("# The book's package: its wheel is in files/ of this autograder (otter copies it to\n"
+            "# /autograder/source/files), so pip needs no index for it.\n"
+            "--find-links /autograder/source/files\n"
+            f"fixedstate=={version}\n")
+
+
+def export_otter(chapters: dict[str, Chapter], out: Path, version: str = "0", wheel: Path | None = None) -> list[Path]:
+    """Write ``<out>/<chapter>/autograder.zip`` for every chapter; return the zip files.
+
+    ``requirements.txt`` names ``fixedstate=={version}``; with ``wheel`` (``tools/kit.py``
+    builds it) the wheel goes into the zip's ``files/``."""
     written = []
     for stem, ch in chapters.items():
         folder = out / stem
@@ -63,10 +74,10 @@ def export_otter(chapters: dict[str, Chapter], out: Path, requirements: str = ""
                                     "scored": True, "setup": "", "teardown": "", "type": "doctest"}]}
                 (tests / f"{test_name}.py").write_text(f"OK_FORMAT = True\n\ntest = {test!r}\n")
         (folder / "otter_config.json").write_text(json.dumps({"name": stem}, indent=1) + "\n")
-        (folder / "requirements.txt").write_text(requirements or (
-            "# The grading environment must import fixedstate, the book's package. `otter run` uses the\n"
-            "# Python it runs in; for `otter grade` (Docker), replace this comment by a line pip can install\n"
-            "# it from, e.g.  fixedstate @ git+https://<your copy of the book's repository>\n"))
+        (folder / "requirements.txt").write_text(otter_requirements(version))
+        if wheel is not None:
+            (folder / "files").mkdir(exist_ok=True)
+            (folder / "files" / wheel.name).write_bytes(wheel.read_bytes())
         zip_path = folder / "autograder.zip"
         with zipfile.ZipFile(zip_path, "w") as z:
             for path in sorted(folder.rglob("*")):

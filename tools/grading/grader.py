@@ -16,23 +16,32 @@ reported.
 from __future__ import annotations
 
 import asyncio
+import ast
+import importlib
 import json
 import re
 import secrets
 import shutil
+import warnings
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from time import monotonic
 
 import nbformat
 
+from . import hidden
+from .course import LatePolicy, RosterEntry, match_roster, submitted_at
 from .book import Chapter, Exercise, cell_source, exercise_spans, function_arity, normalise, parse_code
-from .runner import KernelSession, Sandbox, scratch_dir
+from .judge import driver_code, judge
+from .runner import GRADE_MIME, KernelSession, Limits, Sandbox, scratch_dir
+from .sandbox import claim_slots
 
 __all__ = ["Options", "Submission", "Graded", "ExerciseResult", "discover", "identify", "grade_all"]
 
 LABEL_ANYWHERE = re.compile(r":label:\s*(ex-[\w-]+)")
 MAX_RESTARTS = 3
+START_ATTEMPTS = 3
 
 
 @dataclass
@@ -42,6 +51,15 @@ class Options:
     memory_mb: int = 4096          # address-space limit of a kernel (0: none)
     jobs: int = 2                  # notebooks graded at once
     chapters: list[str] | None = None   # the assigned chapters (stems); None: whatever was handed in
+    salt: str = ""                 # the course's secret: with the student id it seeds the hidden cases
+    processes: int = 256           # processes and threads of one sandbox
+    disk_mb: int = 256             # the sandbox's writable tmpfs
+    edition: Path | None = None    # the grading edition of fixedstate/checks (sandbox.grading_edition)
+    duplicates: str = "latest"     # several notebooks of one chapter: "latest" (by time handed in) or "best"
+
+    def limits(self) -> Limits:
+        return Limits(memory_mb=self.memory_mb, processes=self.processes, disk_mb=self.disk_mb,
+                      cpu_seconds=int(self.timeout + 60))
 
 
 @dataclass
@@ -53,6 +71,8 @@ class Submission:
     problem: str = ""              # why it could not be read
     chapter: str | None = None     # the chapter it holds (a stem)
     notes: list[str] = field(default_factory=list)
+    submitted: object | None = None    # when it was handed in (datetime), see grading.course.submitted_at
+    submitted_from: str = ""
 
 
 @dataclass
@@ -88,6 +108,10 @@ class Graded:
     notes: list[str]               # about running the notebook: crashed cells, time-outs, other files
     seconds: float = 0.0
     answers: dict[str, list[str]] = field(default_factory=dict)   # label -> the student's own cells
+    review: dict[str, str] = field(default_factory=dict)   # label -> why the instructor should look by hand
+    roster: RosterEntry | None = None
+    late_days: int = 0
+    penalty: float = 0.0           # the fraction of the points the late policy takes off
 
     @property
     def points(self) -> float:
@@ -119,7 +143,12 @@ def read_submission(sub: Submission) -> None:
     try:
         if sub.path.stat().st_size == 0:
             raise ValueError("the file is empty (0 bytes)")
-        nb = nbformat.read(sub.path, as_version=4)
+        with warnings.catch_warnings():           # cells without ids (older Jupyter): given ids below
+            warnings.simplefilter("ignore")
+            nb = nbformat.read(sub.path, as_version=4)
+        for i, cell in enumerate(nb.get("cells", [])):
+            if isinstance(cell, dict) and not cell.get("id"):
+                cell["id"] = f"cell-{i}"
         if not isinstance(nb.get("cells"), list):
             raise ValueError("it has no cells")
         sub.nb = nb
@@ -187,20 +216,31 @@ def _from_grade(data: dict) -> CheckOutcome:
                         name=str(data.get("name", "")))
 
 
-async def run_notebook(sub: Submission, chapter: Chapter, opts: Options, sandbox: Sandbox) -> _Run:
-    """Execute the submission's code cells, then every check of its chapter; never raises."""
+def _check_outcome(reply, cases) -> CheckOutcome:
+    verdict = judge(cases, reply)
+    if verdict.status == "undefined":
+        return CheckOutcome("undefined", name=verdict.message)
+    if verdict.status == "timeout":
+        return CheckOutcome("timeout")
+    return CheckOutcome("ok", passed=verdict.passed, message=verdict.message)
+
+
+async def run_notebook(sub: Submission, chapter: Chapter, opts: Options, sandbox: Sandbox, slot: int = 0) -> _Run:
+    """Execute the submission's code cells, then every check of its chapter on the student's hidden
+    cases; never raises. Points come only from :func:`grading.judge.judge`, outside the kernel."""
     run = _Run()
     cells = [(i, cell_source(c)) for i, c in enumerate(sub.nb.cells)
              if c.get("cell_type") == "code" and cell_source(c).strip()
              and normalise(cell_source(c)) not in chapter.check_cells]
     checks = [(ex.label, j, check) for ex in chapter.exercises for j, check in enumerate(ex.checks)]
     scratch = scratch_dir()
-    workdir = scratch / "work"
-    workdir.mkdir()
+    files = scratch / "files"
+    files.mkdir()
     for sibling in sub.path.parent.iterdir():      # files next to the notebook (a module of the student's)
         try:
-            if sibling.is_file() and sibling.suffix != ".ipynb" and sibling.stat().st_size < 2_000_000:
-                shutil.copy(sibling, workdir / sibling.name)
+            if sibling.is_file() and not sibling.is_symlink() and sibling.suffix != ".ipynb" \
+                    and sibling.stat().st_size < 2_000_000:
+                shutil.copyfile(sibling, files / sibling.name)
         except OSError:
             pass
     nonce = secrets.token_hex(12)
@@ -208,13 +248,18 @@ async def run_notebook(sub: Submission, chapter: Chapter, opts: Options, sandbox
     restarts = 0
     try:
         while True:
-            session = KernelSession(scratch=scratch, workdir=workdir, sandbox=sandbox, nonce=nonce,
-                                    memory_mb=opts.memory_mb, modules=chapter.check_modules)
-            try:
-                await session.start()
-            except Exception as exc:  # noqa: BLE001
-                await session.stop()
-                run.notes.append(f"the grader could not start a kernel: {type(exc).__name__}: {exc}")
+            for attempt in range(START_ATTEMPTS):      # a start can fail on a loaded machine: try again
+                session = KernelSession(scratch=scratch, sandbox=sandbox, limits=opts.limits(), slot=slot,
+                                        edition=opts.edition, nonce=nonce)
+                try:
+                    await session.start()
+                    break
+                except Exception as exc:  # noqa: BLE001
+                    await session.stop()
+                    failure = exc
+            else:
+                run.notes.append(f"the grader could not start a kernel ({type(failure).__name__}, "
+                                 f"{START_ATTEMPTS} attempts)")
                 for label, j, _ in checks:
                     run.outcomes.setdefault((label, j), CheckOutcome("not run", message="the kernel did not start"))
                 return run
@@ -226,8 +271,8 @@ async def run_notebook(sub: Submission, chapter: Chapter, opts: Options, sandbox
                 if remaining <= 0.5:
                     if run.ran_out_at is None:
                         run.ran_out_at = i
-                    run.cell_notes.setdefault(i, f"not run: the notebook's time limit of {opts.timeout:g} s "
-                                                 "ran out before this cell")
+                    run.cell_notes.setdefault(i, f"was not run: the notebook's time limit of {opts.timeout:g} s "
+                                                 "ran out before it")
                     continue
                 out = await session.execute(src, i, min(opts.cell_timeout, remaining))
                 if out.status == "error":
@@ -248,17 +293,21 @@ async def run_notebook(sub: Submission, chapter: Chapter, opts: Options, sandbox
                 for label, j, check in checks:
                     if (label, j) in run.outcomes:
                         continue
-                    out = await session.execute(_snippet(check), -1, opts.cell_timeout)
+                    found = hidden.cases_for(check, hidden.seed(opts.salt, sub.student, label, j))
+                    if found is None:
+                        run.outcomes[(label, j)] = CheckOutcome("no hidden cases")
+                        continue
+                    spec, cases = found
+                    code = driver_code(check.thunk, spec.arg, spec.kind, cases, nonce, GRADE_MIME)
+                    out = await session.execute(code, -1, opts.cell_timeout)
                     if out.status in ("killed", "died"):
                         run.outcomes[(label, j)] = CheckOutcome(out.status)
                         restart = True
                         break
                     if out.status == "timeout":
                         run.outcomes[(label, j)] = CheckOutcome("timeout", message=f"{out.elapsed:.0f}")
-                    elif out.grades:
-                        run.outcomes[(label, j)] = _from_grade(out.grades[-1])
                     else:
-                        run.outcomes[(label, j)] = CheckOutcome("error", message=out.error or "no result")
+                        run.outcomes[(label, j)] = _check_outcome(out.grades[-1] if out.grades else None, cases)
             await session.stop()
             if not restart:
                 return run
@@ -331,7 +380,25 @@ def _describe(o: CheckOutcome, check, limit: float) -> str:
                 "or more memory than the limit)")
     if o.status == "error":
         return f"NOT YET: the check could not use the answer: {o.message}"
+    if o.status == "no hidden cases":
+        return "BY HAND: the grader holds no hidden cases for this check yet; your instructor grades it"
     return f"NOT GRADED: {o.message or o.status}"
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _where(nb, i: int, cell_exercise: dict[int, str]) -> str:
+    """A cell as a student finds it: the exercise's label and the cell's rank among its code cells
+    (never a 0-based index of the whole notebook, which no student sees)."""
+    label = cell_exercise.get(i)
+    same = [j for j in range(i + 1) if nb.cells[j].get("cell_type") == "code" and cell_exercise.get(j) == label]
+    if label is None:
+        first = min(cell_exercise, default=len(nb.cells))
+        return (f"the {_ordinal(len(same))} code cell " + ("before the first exercise" if i < first
+                                                          else "outside the exercises"))
+    return f"the {_ordinal(len(same))} code cell of {label}"
 
 
 def score(sub: Submission, chapter: Chapter, run: _Run, opts: Options) -> tuple[list[ExerciseResult], list[str]]:
@@ -352,12 +419,12 @@ def score(sub: Submission, chapter: Chapter, run: _Run, opts: Options) -> tuple[
             if o.status == "undefined":
                 text += _renamed(sub, ex, o.name, spans.get(ex.label), known)
                 if run.ran_out_at is not None:
-                    text += f" (the notebook ran out of time at cell {run.ran_out_at})"
+                    text += f" (the notebook ran out of time at {_where(sub.nb, run.ran_out_at, cell_exercise)})"
             if o.passed:
                 got += share
             texts.append(text)
             parts.append(f"{check.part}: {text}" if len(ex.checks) > 1 else text)
-        cell_notes = [f"cell {i} {note}" for i, note in sorted(run.cell_notes.items())
+        cell_notes = [f"{_where(sub.nb, i, cell_exercise)} {note}" for i, note in sorted(run.cell_notes.items())
                       if cell_exercise.get(i) == ex.label]
         message = " | ".join(parts)
         if cell_notes and not all(o.passed for o in outcomes):
@@ -365,9 +432,91 @@ def score(sub: Submission, chapter: Chapter, run: _Run, opts: Options) -> tuple[
         if cell_notes and not all(o.passed for o in outcomes):
             texts = [*texts, "while running the notebook: " + "; ".join(cell_notes)]
         results.append(ExerciseResult(ex, round(got, 4), outcomes, message, texts))
-    notes = [f"cell {i} {note}" + (f" (in {cell_exercise[i]})" if i in cell_exercise else "")
-             for i, note in sorted(run.cell_notes.items())]
+    notes = [f"{_where(sub.nb, i, cell_exercise)} {note}" for i, note in sorted(run.cell_notes.items())]
     return results, [*sub.notes, *run.notes, *notes]
+
+
+#: Modules of the package a student's answer may use freely (printing and plotting helpers).
+HELPER_MODULES = ("fixedstate.checks", "fixedstate.prose", "fixedstate.timing", "fixedstate.figures")
+
+
+def _package_aliases(nb) -> set[str]:
+    """Names the notebook binds to the package (outside its checks and helpers), in any cell:
+    ``from fixedstate import delta_rule as dr`` binds ``dr``; ``from fixedstate.delta_rule import kda_loop``
+    binds ``kda_loop``; ``import fixedstate`` binds ``fixedstate``."""
+    names = {"fixedstate"}
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        tree = parse_code(cell_source(cell))
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fixedstate") \
+                    and not (node.module or "").startswith(HELPER_MODULES):
+                for alias in node.names:
+                    if f"{node.module}.{alias.name}".startswith(HELPER_MODULES):
+                        continue
+                    names.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("fixedstate") and not alias.name.startswith(HELPER_MODULES):
+                        names.add(alias.asname or alias.name.split(".")[0])
+    return names
+
+
+@lru_cache(maxsize=None)
+def _forbidden_names(modules: tuple[str, ...]) -> frozenset[str]:
+    """The package's functions that the chapter's self-checks refuse in an answer (their ``*_FORMS``):
+    the names a challenge's answer must not call. Read in the grader's process, from the real checks."""
+    names = set()
+    for name in modules:
+        module = importlib.import_module(name)
+        groups = [getattr(module, a) for a in dir(module) if a.endswith("FORMS")]
+        if callable(getattr(module, "_forbidden", None)):
+            groups.append(module._forbidden())
+        for group in groups:
+            names.update(f.__name__ for f in group if callable(f) and hasattr(f, "__name__"))
+    return frozenset(names)
+
+
+def review_flags(sub: Submission, chapter: Chapter) -> dict[str, str]:
+    """Per exercise with checks, why its answer should be looked at by hand: the student's own cells in
+    it use a name bound to the package (outside its checks), or read the checks' stored answers. The
+    hidden cases judge values, so an answer that calls the package's implementation passes them."""
+    original = {normalise(cell_source(c)) for c in json.loads(chapter.path.read_text(encoding="utf-8"))["cells"]}
+    spans = _spans(sub.nb)
+    aliases = _package_aliases(sub.nb)
+    forbidden = _forbidden_names(tuple(chapter.check_modules))
+    out = {}
+    for ex in chapter.exercises:
+        if not ex.checks or ex.label not in spans:
+            continue
+        first, last = spans[ex.label]
+        hits: list[str] = []
+        for cell in sub.nb.cells[first:last + 1]:
+            src = cell_source(cell)
+            if cell.get("cell_type") != "code" or normalise(src) in original:
+                continue
+            tree = parse_code(src)
+            if tree is None:
+                continue
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Name) and node.id == "ANSWERS") or \
+                        (isinstance(node, ast.Attribute) and node.attr == "ANSWERS"):
+                    hits.append("ANSWERS")
+            # inside the functions the answer defines: the package's names (a number may be computed
+            # with the package; a function the exercise asks for must not call its implementation)
+            for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Attribute) and node.attr in forbidden and \
+                            isinstance(node.value, ast.Name) and node.value.id in aliases:
+                        hits.append(f"{node.value.id}.{node.attr}")
+                    elif isinstance(node, ast.Name) and node.id in forbidden and node.id in aliases:
+                        hits.append(node.id)
+        if hits:
+            out[ex.label] = ("the answer's own code uses " + ", ".join(dict.fromkeys(f"`{h}`" for h in hits))
+                             + ": check by hand that it does not call the package's implementation or "
+                               "read its stored answers")
+    return out
 
 
 def answers_by_hand(sub: Submission, chapter: Chapter) -> dict[str, list[str]]:
@@ -396,28 +545,66 @@ def _not_graded(chapter: Chapter, why: str) -> list[ExerciseResult]:
 
 # --------------------------------------------------------------------------- the whole folder
 
-async def _grade_one(sub, chapter, opts, sandbox, sem, progress) -> Graded:
-    async with sem:
+async def _grade_one(sub, chapter, opts, sandbox, slots, progress) -> Graded:
+    slot = await slots.get()
+    try:
         t0 = monotonic()
         try:
-            run = await run_notebook(sub, chapter, opts, sandbox)
+            run = await run_notebook(sub, chapter, opts, sandbox, slot)
             results, notes = score(sub, chapter, run, opts)
         except Exception as exc:  # noqa: BLE001 - a grader bug must not stop the class's run
             results = _not_graded(chapter, f"the grader failed on this notebook: {type(exc).__name__}: {exc}")
             notes = [*sub.notes, f"the grader failed: {type(exc).__name__}: {exc}"]
         g = Graded(sub.student, chapter, sub, results, notes, monotonic() - t0, answers_by_hand(sub, chapter))
+        g.review = review_flags(sub, chapter)
         progress(g)
         return g
+    finally:
+        slots.put_nowait(slot)
+
+
+def assignment(subs: list[Submission], chapters: dict[str, Chapter]) -> list[str]:
+    """The chapters assigned, when the instructor did not say: those the notebooks' file names and
+    contents agree on (a misfiled notebook adds no chapter for the whole class), else, if no
+    notebook's name and content agree, what the notebooks hold."""
+    agreed = {s.chapter for s in subs if s.chapter and _chapter_by_name(s.path.name, chapters) in (s.chapter, None)}
+    return sorted(agreed or {s.chapter for s in subs if s.chapter})
+
+
+def _timestamp(sub: Submission) -> None:
+    try:
+        sub.submitted, sub.submitted_from = submitted_at(sub.path)
+    except OSError:
+        sub.submitted, sub.submitted_from = None, ""
+
+
+def _pick_latest(subs: list[Submission]) -> tuple[list[Submission], dict[tuple[str, str], list[str]]]:
+    """Of several notebooks of one student and chapter, the one handed in last; notes on the others."""
+    groups: dict[tuple[str, str], list[Submission]] = {}
+    for sub in subs:
+        groups.setdefault((sub.student, sub.chapter), []).append(sub)
+    keep, notes = [], {}
+    for key, group in groups.items():
+        group.sort(key=lambda s: (s.submitted is not None, s.submitted or 0, s.path.stem == s.chapter, s.rel))
+        keep.append(group[-1])
+        if len(group) > 1:
+            notes[key] = [f"{', '.join(s.rel for s in group[:-1])} also hold{'s' if len(group) == 2 else ''} "
+                          f"this chapter; the one handed in last, {group[-1].rel}, was graded "
+                          "(duplicate policy: latest)"]
+    return keep, notes
 
 
 def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox: Sandbox,
-              progress=lambda g: None) -> list[Graded]:
-    """Grade every notebook in ``folder``; one :class:`Graded` per student and chapter."""
+              progress=lambda g: None, roster: list[RosterEntry] | None = None,
+              policy: LatePolicy | None = None) -> list[Graded]:
+    """Grade every notebook in ``folder``; one :class:`Graded` per student and assigned chapter
+    (and per roster row, handed in or not)."""
     subs = discover(folder)
     for sub in subs:
         read_submission(sub)
         identify(sub, chapters)
-    assigned = opts.chapters
+        _timestamp(sub)
+    assigned = opts.chapters if opts.chapters is not None else assignment(subs, chapters)
     students = sorted({s.student for s in subs})
     todo: list[Submission] = []
     graded: list[Graded] = []
@@ -426,7 +613,7 @@ def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox
         if sub.chapter is None:
             skipped.setdefault(sub.student, []).append(
                 f"{sub.rel}: " + (sub.problem or "could not tell which chapter's exercises it holds; not graded"))
-        elif assigned is not None and sub.chapter not in assigned:
+        elif sub.chapter not in assigned:
             skipped.setdefault(sub.student, []).append(
                 f"{sub.rel} holds the exercises of chapter {chapters[sub.chapter].number} "
                 f"({sub.chapter}), which was not assigned: not graded")
@@ -436,14 +623,31 @@ def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox
                                  [*sub.notes, f"{sub.rel} is {sub.problem}"]))
         else:
             todo.append(sub)
+    dup_notes: dict[tuple[str, str], list[str]] = {}
+    if opts.duplicates == "latest":
+        todo, dup_notes = _pick_latest(todo)
+    todo.sort(key=lambda s: (s.student, s.chapter))
+    counter = {"done": 0}
+    report = progress
 
-    async def main():
-        sem = asyncio.Semaphore(max(1, opts.jobs))
-        return await asyncio.gather(*(_grade_one(s, chapters[s.chapter], opts, sandbox, sem, progress)
+    def progress(g):                      # noqa: F811 - the caller's, with the count done and the total
+        counter["done"] += 1
+        report(g, counter["done"], len(todo))
+
+    async def main(claimed):
+        slots: asyncio.Queue = asyncio.Queue()
+        for slot in claimed:
+            slots.put_nowait(slot)
+        return await asyncio.gather(*(_grade_one(s, chapters[s.chapter], opts, sandbox, slots, progress)
                                       for s in todo))
 
-    graded.extend(asyncio.run(main()) if todo else [])
-    # one grade per student and chapter: the best of several copies
+    if todo:
+        claimed, locks = claim_slots(max(1, opts.jobs))     # uids no other grader run on the machine uses
+        try:
+            graded.extend(asyncio.run(main(claimed)))
+        finally:
+            for lock in locks:
+                lock.close()
     best: dict[tuple[str, str], Graded] = {}
     for g in graded:
         key = (g.student, g.chapter.stem)
@@ -451,12 +655,24 @@ def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox
         if other is None:
             best[key] = g
             continue
-        keep, drop = (g, other) if _rank(g) > _rank(other) else (other, g)
-        keep.notes.append(f"{drop.submission.rel} holds the same chapter; the better-scoring copy "
-                          f"{keep.submission.rel} was kept")
+        if g.submission.nb is None or other.submission.nb is None:      # a readable copy beats a broken one
+            keep, drop = (g, other) if other.submission.nb is None else (other, g)
+        else:                                                              # duplicate policy: best
+            keep, drop = (g, other) if _rank(g) > _rank(other) else (other, g)
+        keep.notes.append(f"{drop.submission.rel} holds the same chapter; "
+                          + ("the better-scoring copy " if opts.duplicates == "best" else "the readable copy ")
+                          + f"{keep.submission.rel} was graded (duplicate policy: {opts.duplicates})")
         best[key] = keep
-    wanted = assigned if assigned is not None else sorted({g.chapter.stem for g in best.values()})
+    for key, notes in dup_notes.items():
+        if key in best:
+            best[key].notes.extend(notes)
+    wanted = list(assigned)
+    on_roster = {}
     for student in students:
+        entry = match_roster(student, roster) if roster else None
+        on_roster[student] = entry
+    missing = [e for e in roster or [] if e not in set(on_roster.values())]
+    for student in [*students, *(e.id for e in missing)]:
         for stem in wanted:
             if (student, stem) not in best:
                 why = "not submitted"
@@ -466,15 +682,20 @@ def grade_all(folder: Path, chapters: dict[str, Chapter], opts: Options, sandbox
                                                [why])
             elif skipped.get(student):
                 best[(student, stem)].notes.extend(skipped[student])
-    out = [best[k] for k in sorted(best) if assigned is None or k[1] in assigned]
-    # a student whose only notebooks could not be placed still appears, with a note
-    placed = {g.student for g in out}
-    for student in students:
-        if student not in placed:
-            for stem in wanted:
-                out.append(Graded(student, chapters[stem], None,
-                                  _not_graded(chapters[stem], "; ".join(skipped.get(student, ["not submitted"]))),
-                                  skipped.get(student, [])))
+    out = [best[k] for k in sorted(best) if k[1] in assigned]
+    entries = {**on_roster, **{e.id: e for e in missing}}
+    for g in out:
+        g.roster = entries.get(g.student)
+        if roster and g.roster is None:
+            g.notes.append(f"the folder {g.student!r} matches no one on the roster")
+        if policy is not None and g.submission is not None and g.submission.submitted is not None:
+            g.late_days = policy.late_days(g.submission.submitted)
+            g.penalty = policy.penalty(g.late_days)
+            if g.late_days:
+                g.notes.append(f"handed in {g.late_days} day{'s' if g.late_days > 1 else ''} late "
+                               f"({g.submission.submitted.isoformat(timespec='minutes')}, from "
+                               f"{g.submission.submitted_from}; {policy.describe()}): "
+                               f"{g.penalty:.0%} of the points taken off")
     return sorted(out, key=lambda g: (g.student, g.chapter.stem))
 
 

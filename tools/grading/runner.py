@@ -1,29 +1,21 @@
-"""Run one submitted notebook in a fresh kernel, then grade it in that kernel.
+"""Run one submitted notebook in a sealed kernel; send it the grader's hidden cases.
 
-The kernel is an ordinary IPython kernel of the grader's own Python (so it
-imports the same ``fixedstate``), driven through nbclient. Before the student's
-code runs, a preamble installs a small helper module in the kernel: it blocks
-network connections from Python, caps the kernel's memory, and snapshots the
-``fixedstate`` modules. The student's code cells then run one by one, each
-with a time limit; a cell that raises or is interrupted does not stop the
-rest (as with nbgrader's autograde). Their outputs are thrown away.
+The kernel is an ordinary IPython kernel of the grader's own Python, driven
+through nbclient, started inside a bubblewrap sandbox (:mod:`grading.sandbox`,
+:mod:`grading.launch`): its own user, PID and network namespaces, a read-only
+system and package, a private tmpfs, kernel-enforced limits. It talks to the
+grader over Unix sockets in the run's ``ipc/`` folder, which the grader takes
+back once the kernel is up.
 
-Then the grader calls the package's checks itself, in the same kernel, one
-call per check: the call is the one the book's exercise notebook makes, with
-the check function taken from the ``fixedstate.checks`` module (restored to
-its snapshot, so a student's ``check_answer = ...`` or a patched module does not
-matter) and the arguments evaluated in the student's namespace. The result
-comes back as a display message tagged with a random token.
+The student's code cells run one by one, each with a time limit; a cell that
+raises or is interrupted does not stop the rest (as with nbgrader's autograde).
+Their outputs are thrown away, but for the grader's own messages (a display
+message of :data:`GRADE_MIME` carrying the run's nonce), which are plain data
+judged outside (:mod:`grading.judge`).
 
 A cell or check that outlives its time limit is interrupted; one that cannot
 be interrupted, or that kills the kernel (a segfault, ``os._exit``, the memory
 limit), is recorded, and the notebook is replayed in a new kernel without it.
-
-Network: when ``unshare`` can give the kernel a network namespace of its own
-(Linux, user namespaces allowed), the kernel runs in one with no interface at
-all and talks to the grader over Unix sockets; otherwise only the Python-level
-block applies (``socket`` connections fail; a subprocess could still reach the
-network).
 """
 
 from __future__ import annotations
@@ -47,136 +39,14 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-__all__ = ["GRADE_MIME", "Outcome", "KernelSession", "Sandbox", "probe_sandbox"]
+from .judge import exception_name
+from .sandbox import UID_BASE, Limits, Sandbox, kernel_argv, launch_config, probe_sandbox, write_launch_config
+
+__all__ = ["GRADE_MIME", "Outcome", "KernelSession", "Sandbox", "probe_sandbox", "Limits"]
 
 GRADE_MIME = "application/x-fixedstate-grade+json"
-HELPER_MODULE = "_fixedstate_grader"
 #: Seconds an interrupted cell gets to stop before its kernel is killed.
 GRACE = 3.0
-
-#: The helper installed in the kernel (as the module ``_fixedstate_grader``).
-KERNEL_HELPER = r'''
-import copy, importlib, socket, sys
-
-_MISSING = object()
-_state = {"nonce": "", "snapshot": [], "publish": None}
-
-
-def _blocked(*args, **kwargs):
-    raise OSError("network access is disabled while grading")
-
-
-def setup(nonce, memory_mb, modules):
-    from IPython.display import publish_display_data
-    _state["nonce"] = nonce
-    _state["publish"] = publish_display_data
-    if memory_mb:
-        try:
-            import resource
-            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-            limit = int(memory_mb) * 1024 * 1024
-            if hard != resource.RLIM_INFINITY:
-                limit = min(limit, hard)
-            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-        except Exception:
-            pass
-    for name in ("connect", "connect_ex", "sendto"):
-        setattr(socket.socket, name, _blocked)
-    socket.create_connection = _blocked
-    socket.getaddrinfo = _blocked
-    for module in ["fixedstate.checks._core", *modules]:
-        importlib.import_module(module)
-    for name, module in sorted(sys.modules.items()):
-        if module is None or not (name == "fixedstate" or name.startswith("fixedstate.")):
-            continue
-        attrs = dict(vars(module))
-        saved = {}
-        if name.startswith("fixedstate.checks"):
-            for key, value in attrs.items():
-                if isinstance(value, dict) and not key.startswith("__"):
-                    try:
-                        saved[key] = copy.deepcopy(value)
-                    except Exception:
-                        pass
-        _state["snapshot"].append((name, module, attrs, saved))
-
-
-def _restore():
-    for name, module, attrs, saved in _state["snapshot"]:
-        sys.modules[name] = module
-        current = vars(module)
-        for key, value in attrs.items():
-            if current.get(key, _MISSING) is not value:
-                current[key] = value
-        for key, value in saved.items():
-            attrs[key].clear()
-            attrs[key].update(copy.deepcopy(value))
-
-
-def _emit(out):
-    out["nonce"] = _state["nonce"]
-    _state["publish"]({"application/x-fixedstate-grade+json": out, "text/plain": "graded"})
-
-
-def run(module, function, thunk):
-    out = {}
-    try:
-        _restore()
-        check = getattr(sys.modules[module], function)
-        try:
-            args, kwargs = thunk()
-        except NameError as exc:
-            out = {"status": "undefined", "name": getattr(exc, "name", None) or "", "message": str(exc)}
-        else:
-            result = check(*args, **kwargs)
-            result_type = sys.modules["fixedstate.checks._core"].CheckResult
-            if not isinstance(result, result_type):
-                raise TypeError(f"the check returned {type(result).__name__}, not a CheckResult")
-            out = {"status": "ok", "passed": result.passed is True, "message": str(result.message),
-                   "details": [str(d) for d in result.details], "exercise": str(result.exercise)}
-    except KeyboardInterrupt:
-        out = {"status": "interrupted"}
-    except BaseException as exc:
-        out = {"status": "error", "message": f"{type(exc).__name__}: {exc}"[:2000]}
-    _emit(out)
-'''
-
-PREAMBLE = '''\
-def __fixedstate_grader_install(source, nonce, memory_mb, modules):
-    import sys, types
-    module = types.ModuleType("{helper}")
-    exec(compile(source, "<fixedstate grader>", "exec"), module.__dict__)
-    sys.modules["{helper}"] = module
-    module.setup(nonce, memory_mb, modules)
-__fixedstate_grader_install({source!r}, {nonce!r}, {memory!r}, {modules!r})
-del __fixedstate_grader_install
-'''
-
-
-@dataclass
-class Sandbox:
-    """How kernels are isolated from the network: a command prefix and the transport."""
-    prefix: list[str]
-    transport: str
-    description: str
-
-
-def probe_sandbox(python: str = sys.executable) -> Sandbox:
-    """Use ``unshare`` for a network namespace if this machine allows it, else the Python-level block."""
-    if sys.platform.startswith("linux") and shutil.which("unshare"):
-        variants = [["unshare", "-n"], ["unshare", "-rn"]] if os.geteuid() == 0 else [["unshare", "-rn"]]
-        for prefix in variants:
-            try:
-                ok = subprocess.run([*prefix, python, "-c", "import socket"], capture_output=True,
-                                    timeout=30).returncode == 0
-            except (OSError, subprocess.SubprocessError):
-                ok = False
-            if ok:
-                return Sandbox(prefix, "ipc", f"no network: each kernel runs in its own network namespace "
-                                              f"(`{' '.join(prefix)}`), and Python's socket connections "
-                                              "are blocked too")
-    return Sandbox([], "tcp", "network blocked in Python only (socket connections fail); `unshare` is not "
-                              "available here, so a subprocess started by a notebook could still reach the network")
 
 
 @dataclass
@@ -197,60 +67,82 @@ class _Client(NotebookClient):
         return None
 
 
-def _kernel_specs(root: Path, sandbox: Sandbox, python: str) -> KernelSpecManager:
+def _kernel_specs(root: Path, argv: list[str]) -> KernelSpecManager:
     spec_dir = root / "kernels" / "fixedstate-grade"
     spec_dir.mkdir(parents=True, exist_ok=True)
-    argv = [*sandbox.prefix, python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     (spec_dir / "kernel.json").write_text(json.dumps({
         "argv": argv, "display_name": "fixedstate grader", "language": "python",
-        "metadata": {"debugger": False}}))
+        # a signal would reach the launcher, not the kernel in its own session: ask the kernel itself
+        "interrupt_mode": "message", "metadata": {"debugger": False}}))
     return KernelSpecManager(kernel_dirs=[str(root / "kernels")], ensure_native_kernel=False)
 
 
 def _short_error(out) -> str:
-    text = f"{out.get('ename', 'Error')}: {out.get('evalue', '')}".strip()
-    return text if len(text) <= 300 else text[:297] + "..."
+    """The exception's type name only (a builtin's, else "the notebook's own class"): never its text,
+    which the student's code chose and which may carry the environment or a file's content."""
+    return exception_name(out.get("ename"))
 
 
 class KernelSession:
-    """One kernel for one notebook: start it, run code with time limits, kill it if need be."""
+    """One sealed kernel for one notebook: start it, run code with time limits, kill it if need be.
 
-    def __init__(self, *, scratch: Path, workdir: Path, sandbox: Sandbox, nonce: str, memory_mb: int,
-                 modules: list[str], python: str = sys.executable):
-        self.scratch, self.workdir, self.sandbox = scratch, workdir, sandbox
-        self.nonce, self.memory_mb, self.modules, self.python = nonce, memory_mb, modules, python
+    ``scratch`` is the run's root-owned folder: ``files/`` (the files handed in
+    next to the notebook), ``ipc/`` (the kernel's sockets), ``kernels/`` (the spec).
+    """
+
+    def __init__(self, *, scratch: Path, sandbox: Sandbox, limits: Limits, slot: int, edition: Path | None,
+                 nonce: str, python: str = sys.executable):
+        self.nonce = nonce
+        self.scratch, self.sandbox, self.limits, self.slot = scratch, sandbox, limits, slot
+        self.edition, self.python = edition, python
         self.km: AsyncKernelManager | None = None
         self.client: _Client | None = None
         self.counter = 0
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "OPENBLAS_CORETYPE",
+                                                             "OPENBLAS_L2_SIZE", "SYSTEMROOT", "TMPDIR")}
         env.update(MPLBACKEND="Agg", PYDEVD_DISABLE_FILE_VALIDATION="1", FIXEDSTATE_GRADING="1",
-                   IPYTHONDIR=str(self.scratch / "ipython"), PYTHONDONTWRITEBYTECODE="1")
-        for key in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-            env.pop(key, None)
+                   IPYTHONDIR=str(self.scratch / "ipython"), PYTHONDONTWRITEBYTECODE="1",
+                   HOME=str(self.scratch / "home"))
         return env
 
     async def start(self, timeout: float = 60.0) -> None:
-        ksm = _kernel_specs(self.scratch, self.sandbox, self.python)
-        kwargs = {}
-        if self.sandbox.transport == "ipc":
-            kwargs = dict(transport="ipc", ip=str(self.workdir.parent / f"k{self.counter}"))
+        await self.reap()                 # nothing of an earlier notebook of this slot may still count
+        run = Path(tempfile.mkdtemp(prefix="k", dir=self.scratch))     # a fresh one for every (re)start
         self.counter += 1
-        self.km = AsyncKernelManager(kernel_name="fixedstate-grade", kernel_spec_manager=ksm, **kwargs)
+        ipc = run / "ipc"
+        ipc.mkdir()
+        os.chmod(run, 0o755)
+        if self.sandbox.kind == "bwrap":
+            cfg = launch_config(run, self.slot, self.sandbox, self.limits, self.edition)
+            cfg.scratch = str(run)
+            files = self.scratch / "files"
+            if files.is_dir():
+                (run / "files").symlink_to(files)
+            argv = kernel_argv(write_launch_config(cfg, run / "launch.json"))
+            cwd = str(run)
+        else:
+            argv = [self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+            work = self.scratch / "work"
+            work.mkdir(exist_ok=True)
+            cwd = str(work)
+        ksm = _kernel_specs(run, argv)
+        self.km = AsyncKernelManager(kernel_name="fixedstate-grade", kernel_spec_manager=ksm, transport="ipc",
+                                     ip=str(ipc / "k"))
+        self.km.connection_file = str(run / "connection.json")
         self.client = _Client(nbformat.v4.new_notebook(), km=self.km, kernel_name="fixedstate-grade",
                               timeout=30, allow_errors=True, interrupt_on_timeout=True, record_timing=False,
                               iopub_timeout=4, raise_on_iopub_timeout=False, startup_timeout=int(timeout),
-                              resources={"metadata": {"path": str(self.workdir)}})
+                              resources={"metadata": {"path": cwd}})
         await asyncio.wait_for(self.client.async_start_new_kernel(
-            cwd=str(self.workdir), env=self._env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-            timeout)
+            cwd=cwd, env=self._env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), timeout)
         await asyncio.wait_for(self.client.async_start_new_kernel_client(), timeout)
-        preamble = PREAMBLE.format(helper=HELPER_MODULE, source=KERNEL_HELPER, nonce=self.nonce,
-                                   memory=self.memory_mb, modules=self.modules)
-        outcome = await self.execute(preamble, -1, timeout)
-        if outcome.status != "ok":
-            raise RuntimeError(f"the grader's preamble failed in the kernel: {outcome.status} {outcome.error}")
+        if self.sandbox.kind == "bwrap":
+            # the sockets are bound: take the folder back, so the sandbox has no writable place on disk
+            if self.sandbox.as_root:
+                os.chown(ipc, 0, 0)
+            os.chmod(ipc, 0o555)
 
     async def execute(self, source: str, index: int, timeout: float) -> Outcome:
         """Run ``source``; interrupt it after ``timeout`` s, kill the kernel if it does not stop."""
@@ -335,12 +227,47 @@ class KernelSession:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError, OSError):
                 pass
+        await self.reap()
+
+    async def reap(self, wait: float = 20.0) -> None:
+        """As root, the slot's uid belongs to its sandbox alone: kill whatever still runs under it and wait
+        until nothing does (the PID namespace dies with its first process, but its processes take a
+        moment to go, and the next notebook of this slot must not count them against its limit)."""
+        if self.sandbox.kind != "bwrap" or not self.sandbox.as_root:
+            return
+        uid = UID_BASE + self.slot
+        t0 = monotonic()
+        while True:
+            pids = processes_of(uid)
+            if not pids or monotonic() - t0 > wait:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
         await self.kill()
 
 
+def processes_of(uid: int) -> list[int]:
+    """The ids of the processes whose real uid is ``uid`` (zombies included)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.stat(entry.path).st_uid == uid:
+                    out.append(int(entry.name))
+            except OSError:
+                pass
+    return out
+
+
 def scratch_dir() -> Path:
     """A short temporary path (Unix socket paths must stay under ~100 characters)."""
     base = "/tmp" if os.path.isdir("/tmp") else None
-    return Path(tempfile.mkdtemp(prefix="fsgrade-", dir=base))
+    path = Path(tempfile.mkdtemp(prefix="fsgrade-", dir=base))
+    os.chmod(path, 0o755)          # root-owned; the sandbox's uid only traverses it to its own binds
+    return path
