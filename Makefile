@@ -85,7 +85,7 @@ WORKERS ?= $(or $(TEST_WORKERS),$(shell nproc 2>/dev/null || echo 2))
 
 unit: $(STAMP)
 	FIXEDSTATE_TEST_PROFILE=full FIXEDSTATE_TIMING= $(BIN)/python -m pytest tests -q \
-	  -m "not browser and not site and not kit" -n $(WORKERS) --dist loadscope
+	  -m "not browser and not site and not kit and not grade_attack" -n $(WORKERS) --dist loadscope
 
 # A notebook's cells run in order in one kernel: --dist loadfile keeps each notebook on one worker.
 # FIXEDSTATE_TIMING=once: timing cells (outputs not compared) make one run each (fixedstate.timing).
@@ -149,7 +149,7 @@ grade: $(STAMP)
 # detached processes (tests/test_grade_attack.py); about two minutes, so .ci/run calls it after make test.
 grade-attack-test: $(STAMP)
 	bash tools/system_deps.sh bwrap
-	FIXEDSTATE_ATTACK_TEST=1 $(BIN)/python -m pytest tests/test_grade_attack.py -q -p no:cacheprovider
+	$(BIN)/python -m pytest tests/test_grade_attack.py -q -m grade_attack -p no:cacheprovider
 
 # Optional, never part of make test: the reference implementations of transformers
 # (pure-torch Gated DeltaNet and KDA) in an environment of their own. torch==2.13.0
