@@ -220,6 +220,7 @@ import portable_myst  # noqa: E402
 from fixedstate import prose  # noqa: E402
 
 TABLE, BIB, TITLES = portable_myst.macros(), portable_myst.author_year(), portable_myst.ref_titles()
+EQUATIONS, STATEMENTS = portable_myst.equation_numbers(), portable_myst.statement_numbers()
 
 
 def _markdown_cells(nb_path):
@@ -229,7 +230,8 @@ def _markdown_cells(nb_path):
 @pytest.mark.parametrize("nb_path", notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_notebook_is_in_the_portable_form_and_shows_its_glued_values(nb_path):
     """No role, macro or bare reference JupyterLab cannot show; stored expression values are the glued ones."""
-    converted = portable_myst.dump(portable_myst.convert(nb_path, table=TABLE, bib=BIB, titles=TITLES))
+    converted = portable_myst.dump(portable_myst.convert(nb_path, table=TABLE, bib=BIB, titles=TITLES,
+                                                         equations=EQUATIONS, statements=STATEMENTS))
     assert converted == nb_path.read_text(), (
         f"{nb_path.relative_to(ROOT)} is not in the portable form or its user_expressions are stale: "
         f"run  .venv/bin/python tools/sphinx_ext/portable_myst.py {nb_path.relative_to(ROOT)}")
@@ -239,25 +241,32 @@ def test_the_notebook_is_in_the_portable_form_and_shows_its_glued_values(nb_path
 def test_the_site_reads_every_portable_form_back_as_its_own_roles(nb_path):
     """The hook leaves no inline expression or citation link, and undoes exactly what the tool did."""
     local = {m for text in _markdown_cells(nb_path) for m in re.findall(r"^\(([^()\s]+)\)=", text, re.M)}
+    local |= {m for text in _markdown_cells(nb_path) for m in portable_myst.EQ_DEF.findall(text)}
+    local |= {m for text in _markdown_cells(nb_path) for m in portable_myst.DIRECTIVE_LABEL.findall(text)}
     for i, text in enumerate(_markdown_cells(nb_path)):
         site = portable_myst.to_site(text)
-        assert "glued(" not in site and "(#cite-" not in site, f"cell {i}: {site[:200]}"
-        again = portable_myst.to_portable(site, table=TABLE, bib=BIB, titles=TITLES, local_labels=local)
+        assert "glued(" not in site and "(#cite-" not in site and ".ipynb#eq-" not in site, f"cell {i}: {site[:200]}"
+        again = portable_myst.to_portable(site, table=TABLE, bib=BIB, titles=TITLES, local_labels=local,
+                                          equations=EQUATIONS, statements=STATEMENTS)
         assert again == text, f"{nb_path.relative_to(ROOT)} cell {i}: the site form does not convert back"
 
 
 def test_the_tool_converts_each_site_form_and_the_hook_converts_it_back():
     site = ("See {cite:t}`yang2024gated` and {cite}`katharopoulos2020transformers,schlag2021linear`; "
             "$k^\\T q \\in \\R^{d}$, $\\Theta$, {glue:text}`loop_err:.0e` {glue:text}`n`, "
-            "{ref}`chap-delta-rule`, {ref}`sec-here`, {ref}`Own text <chap-ssm>`.")
-    out = portable_myst.to_portable(site, table=TABLE, bib=BIB, titles=TITLES, local_labels={"sec-here"})
+            "{ref}`chap-delta-rule`, {ref}`sec-here`, {ref}`Own text <chap-ssm>`, {eq}`eq-dr-gated`, {eq}`eq-here`.")
+    out = portable_myst.to_portable(site, table=TABLE, bib=BIB, titles=TITLES, local_labels={"sec-here", "eq-here"},
+                                    equations=EQUATIONS)
     assert "[Yang et al. (2025)](#cite-yang2024gated)" in out        # references.bib: year = 2025 (ICLR)
     assert "([Katharopoulos et al., 2020](#cite-katharopoulos2020transformers); [Schlag et al., 2021]" in out
     assert "$k^\\top q \\in \\mathbb{R}^{d}$, $\\Theta$" in out
     assert '{eval}`glued("loop_err:.0e")` {eval}`glued("n")`' in out
     assert "{ref}`The delta rule: DeltaNet, Gated DeltaNet and Kimi Delta Attention <chap-delta-rule>`" in out
     assert "{ref}`sec-here`" in out and "{ref}`Own text <chap-ssm>`" in out
+    number, name = EQUATIONS["eq-dr-gated"]
+    assert f"[({number})](../chapters/{name}#eq-dr-gated), {{eq}}`eq-here`" in out
     back = portable_myst.to_site(out)
+    assert "{eq}`eq-dr-gated`, {eq}`eq-here`" in back
     assert "{cite:t}`yang2024gated`" in back
     assert "{cite:p}`katharopoulos2020transformers,schlag2021linear`" in back
     assert "{glue:text}`loop_err:.0e` {glue:text}`n`" in back
@@ -305,3 +314,24 @@ def test_glued_names_what_it_lacks():
         prose.glued("")
     with pytest.raises(ValueError, match="never_glued"):
         prose.glued("never_glued:.2f")
+
+
+@pytest.mark.site
+def test_the_equation_numbers_the_notebooks_show_are_the_sites():
+    """An equation of another notebook is shown by number in JupyterLab: the number the built site gives it."""
+    site = ROOT / "_build" / "html" / "chapters"
+    if not site.is_dir():
+        pytest.fail(f"no built book at {site.parent}: run `make book` first")
+    wrong = []
+    for label, (number, name) in EQUATIONS.items():
+        html = (site / name.replace(".ipynb", ".html")).read_text()
+        m = re.search(r'id="equation-' + re.escape(label) + r'".{0,3000}?class="eqno">\(([\d.]+)\)', html, re.S)
+        if m is None or m.group(1) != number:
+            wrong.append(f"{label}: the notebooks say ({number}), the site ({m and m.group(1)})")
+    for label, (name, file) in STATEMENTS.items():
+        html = (site / file.replace(".ipynb", ".html")).read_text()
+        shown = re.findall(r'href="#' + re.escape(label) + r'"[^>]*>([^<]*)<', html) + \
+            re.findall(r'id="' + re.escape(label) + r'".{0,400}?(' + name.split()[0] + r' [\d.]+)', html, re.S)
+        if name not in [t.strip() for t in shown]:
+            wrong.append(f"{label}: the notebooks say {name}, the site {shown}")
+    assert len(EQUATIONS) > 100 and STATEMENTS and not wrong, wrong

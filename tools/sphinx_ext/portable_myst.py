@@ -15,6 +15,10 @@ shows)                             ``source-read`` hook)                       s
 ``([Yang et al., 2024](#cite-k);`` ``{cite:p}`k,j```                           "(Yang et al., 2024;
 `` [Gu and Dao, 2023](#cite-j))``                                                Gu and Dao, 2023)"
 ``{ref}`Title <label>```           unchanged                                   "Title"
+``[(3.6)](../chapters/03_...       ``{eq}`eq-dr-gated``` (an equation of       "(3.6)", a link to
+ .ipynb#eq-dr-gated)``              another notebook)                           that notebook
+``[Proposition 3.1](../chapters/    ``{prf:ref}`prop-dr-gradient```             "Proposition 3.1"
+ 03_delta_rule.ipynb#prop-...)``
 ``\\top``, ``\\mathbf{q}``          unchanged                                   the same formula
 =================================  ==========================================  ======================
 
@@ -46,6 +50,13 @@ _CITE_LINK = r"\[[^\[\]]+\]\(#cite-([\w:.\-]+)\)"
 CITE_P = re.compile(r"\((" + _CITE_LINK + r"(?:; " + _CITE_LINK + r")*)\)")
 CITE_T = re.compile(_CITE_LINK)
 BARE_REF = re.compile(r"\{ref\}`([^`<>]+)`")
+EQ_ROLE = re.compile(r"\{eq\}`([^`<>]+)`")
+EQ_LINK = re.compile(r"\[\((\d+\.\d+)\)\]\(\.\./chapters/[\w.\-]+\.ipynb#(eq-[\w\-]+)\)")
+EQ_DEF = re.compile(r"\$\$[ \t]*\((eq-[\w\-]+)\)")
+PRF_ROLE = re.compile(r"\{prf:ref\}`([^`<>]+)`")
+PRF_DEF = re.compile(r"^```+\{prf:(\w+)\}[^\n]*\n:label: (\S+)", re.M)
+PRF_LINK = re.compile(r"\[[A-Z][a-z]+ \d+\.\d+\]\(\.\./chapters/[\w.\-]+\.ipynb#([\w\-]+)\)")
+DIRECTIVE_LABEL = re.compile(r"^:label: (\S+)", re.M)
 LABEL = re.compile(r"^\(([^()\s]+)\)=\s*\n+(#+)\s+(.+?)\s*$", re.M)
 
 
@@ -64,7 +75,9 @@ def to_site(markdown: str) -> str:
         return "{cite:p}`" + ",".join(keys) + "`"
 
     markdown = CITE_P.sub(cite_p, markdown)
-    return CITE_T.sub(lambda m: "{cite:t}`" + m.group(1) + "`", markdown)
+    markdown = CITE_T.sub(lambda m: "{cite:t}`" + m.group(1) + "`", markdown)
+    markdown = EQ_LINK.sub(lambda m: "{eq}`" + m.group(2) + "`", markdown)
+    return PRF_LINK.sub(lambda m: "{prf:ref}`" + m.group(1) + "`", markdown)
 
 
 def notebook_to_site(source: str) -> str:
@@ -150,7 +163,40 @@ def ref_titles(root: Path = ROOT) -> dict[str, str]:
     return titles
 
 
-def to_portable(markdown: str, *, table, bib, titles, local_labels) -> str:
+def equation_numbers(root: Path = ROOT) -> dict[str, tuple[str, str]]:
+    """label -> (the site's number "3.6", the chapter notebook's file name), for every labelled equation.
+
+    The site numbers the labelled display equations of chapter N as N.1, N.2, ... in order
+    (``numfig``, ``numfig_secnum_depth: 1``); an unlabelled one has no number.
+    """
+    numbers = {}
+    for path in sorted((root / "chapters").glob("[0-9][0-9]_*.ipynb")):
+        chapter = int(path.name[:2])
+        text = "\n\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                            if c["cell_type"] == "markdown")
+        for i, label in enumerate(EQ_DEF.findall(text), start=1):
+            numbers[label] = (f"{chapter}.{i}", path.name)
+    return numbers
+
+
+def statement_numbers(root: Path = ROOT) -> dict[str, tuple[str, str]]:
+    """label -> ("Proposition 3.1", file name) for every labelled sphinx-proof statement of a chapter.
+
+    The site numbers each kind (proposition, definition, ...) within its chapter, in order.
+    """
+    numbers = {}
+    for path in sorted((root / "chapters").glob("[0-9][0-9]_*.ipynb")):
+        chapter = int(path.name[:2])
+        text = "\n\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                            if c["cell_type"] == "markdown")
+        seen: dict[str, int] = {}
+        for kind, label in PRF_DEF.findall(text):
+            seen[kind] = seen.get(kind, 0) + 1
+            numbers[label] = (f"{kind.capitalize()} {chapter}.{seen[kind]}", path.name)
+    return numbers
+
+
+def to_portable(markdown: str, *, table, bib, titles, local_labels, equations=None, statements=None) -> str:
     """One markdown cell in the site's MyST, turned into the portable form."""
     markdown = expand_macros(markdown, table)
     markdown = SITE_GLUE.sub(lambda m: "{eval}`" + expression(m.group(1)) + "`", markdown)
@@ -173,7 +219,25 @@ def to_portable(markdown: str, *, table, bib, titles, local_labels) -> str:
         title = titles[label].replace("`", "").replace("<", "").replace(">", "")
         return "{ref}`" + title + " <" + label + ">`"
 
-    return BARE_REF.sub(ref, markdown)
+    markdown = BARE_REF.sub(ref, markdown)
+
+    def eq(m):
+        label = m.group(1).strip()
+        if label in local_labels or not equations or label not in equations:
+            return m.group(0)
+        number, name = equations[label]
+        return f"[({number})](../chapters/{name}#{label})"
+
+    markdown = EQ_ROLE.sub(eq, markdown)
+
+    def prf(m):
+        label = m.group(1).strip()
+        if label in local_labels or not statements or label not in statements:
+            return m.group(0)
+        name, file = statements[label]
+        return f"[{name}](../chapters/{file}#{label})"
+
+    return PRF_ROLE.sub(prf, markdown)
 
 
 def glued_values(nb: dict) -> dict[str, str]:
@@ -225,16 +289,19 @@ def _lines(text: str) -> list[str]:
     return text.splitlines(keepends=True)
 
 
-def convert(path: Path, *, table, bib, titles) -> dict:
+def convert(path: Path, *, table, bib, titles, equations=None, statements=None) -> dict:
     """The notebook at ``path`` in the portable form, its stored expression values refreshed."""
     nb = json.loads(path.read_text())
     md = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
     local = {m.group(1) for text in md for m in re.finditer(r"^\(([^()\s]+)\)=", text, re.M)}
+    local |= {label for text in md for label in EQ_DEF.findall(text)}
+    local |= {label for text in md for label in DIRECTIVE_LABEL.findall(text)}
     values = glued_values(nb)
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "markdown":
             continue
-        text = to_portable("".join(cell["source"]), table=table, bib=bib, titles=titles, local_labels=local)
+        text = to_portable("".join(cell["source"]), table=table, bib=bib, titles=titles, local_labels=local,
+                           equations=equations, statements=statements)
         cell["source"] = _lines(text)
         exprs = user_expressions(text, values, f"{path.name} cell {i}")
         if exprs:
@@ -255,9 +322,10 @@ def main(argv: list[str]) -> int:
     check = "--check" in argv
     paths = [Path(a) for a in argv if a != "--check"]
     table, bib, titles = macros(), author_year(), ref_titles()
+    equations, statements = equation_numbers(), statement_numbers()
     stale = []
     for path in paths:
-        new = dump(convert(path, table=table, bib=bib, titles=titles))
+        new = dump(convert(path, table=table, bib=bib, titles=titles, equations=equations, statements=statements))
         if new != path.read_text():
             stale.append(str(path))
             if not check:
