@@ -14,13 +14,14 @@ MATHJAX := mathjax@3.2.2
 EXECUTE_TIMEOUT ?= 900
 NOTEBOOKS = $(sort $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb))
 
-.PHONY: book test lab execute bench bench-figures reference-env test-reference student-book student-kit unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
+.PHONY: book test lab jupyterlab-test execute bench bench-figures reference-env test-reference student-book student-kit unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
 
 help:
 	@echo "make book          build the HTML book into _build/html"
 	@echo "make test          run the whole test suite (unit tests, nbval, strict build, browser, student edition)"
 	@echo "make test-quick    the inner loop: unit tests (a tenth of the hypothesis examples), nbval on notebooks changed since main"
-	@echo "make lab           open JupyterLab on the book with the package importable"
+	@echo "make lab           open JupyterLab on the book with the package importable (and jupyterlab-myst)"
+	@echo "make jupyterlab-test every notebook in JupyterLab from the student kit's environment, checked in headless Chromium"
 	@echo "make execute       re-execute every notebook in place from a clean kernel"
 	@echo "make bench         time the chunkwise delta rule against the recurrence and the GEMM limit"
 	@echo "make reference-env a separate venv with torch and transformers, which make bench then compares with"
@@ -71,6 +72,15 @@ student-kit: $(STAMP)
 kit-test: $(STAMP)
 	$(BIN)/python -m pytest tests/test_kit.py -q -m kit -p no:cacheprovider
 
+# Every chapter, exercise, solution and appendix notebook opened in JupyterLab (jupyterlab-myst) from
+# the student kit's environment, in headless Chromium: no MyST markup left, no math error, every
+# exercise numbered with its points; screenshots in _build/jupyterlab/screenshots (tests/test_jupyterlab.py).
+# Installs the kit (PyPI) on its first run, so .ci/run calls it after make test.
+.PHONY: jupyterlab-test
+jupyterlab-test: $(STAMP)
+	bash tools/system_deps.sh chromium
+	$(BIN)/python -m pytest tests/test_jupyterlab.py -q -m kit -p no:cacheprovider
+
 test: $(STAMP) $(ASSET_STAMP)
 	bash tools/system_deps.sh npm chromium
 	bash tools/run_tests.sh
@@ -104,6 +114,8 @@ nbval-kernel-run:
 	@test "$$($(BIN)/python tools/blas_kernel.py)" = "$$OPENBLAS_CORETYPE"
 	$(MAKE) --no-print-directory nbval
 
+# The venv's JupyterLab has jupyterlab-myst (the book extra), which renders the notebooks' MyST:
+# formulas, cross-references, citations, exercises and the glued numbers (tools/sphinx_ext/portable_myst.py).
 # As root (a container, a CI machine) Jupyter refuses to start without --allow-root.
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root,)

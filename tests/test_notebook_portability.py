@@ -30,7 +30,10 @@ GLUE_MIME = "application/papermill.record/text/plain"
 MAX_DIGITS_UNFORMATTED = 6      # a float shown as it is must be short
 MAX_DIGITS_PRINTED = 14         # a printed float with more digits shows its last bits
 
-_GLUE_USE = re.compile(r"\{glue(?::(?:text|any|md|math))?\}`([^`:]+)(?::([^`]*))?`")
+# a glued value shown in the text: the site's role, or the inline expression the notebooks use
+# (tools/sphinx_ext/portable_myst.py turns the second into the first while the site is built)
+_GLUE_USE = re.compile(r"\{glue(?::(?:text|any|md|math))?\}`([^`:]+)(?::([^`]*))?`"
+                       r"|\{eval\}`glued\(\"([^\"`:]+)(?::([^\"`]*))?\"\)`")
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?(?![\w.])")
 _SCALAR_REPR = re.compile(r"^np\.(?:float|int)\d*\((.*)\)$")
 
@@ -58,7 +61,7 @@ def glue_formats() -> dict[str, set[str]]:
     formats: dict[str, set[str]] = {}
     for text in markdown_texts():
         for m in _GLUE_USE.finditer(text):
-            formats.setdefault(m.group(1), set()).add(m.group(2) or "")
+            formats.setdefault(m.group(1) or m.group(3), set()).add(m.group(2) or m.group(4) or "")
     return formats
 
 
@@ -176,12 +179,12 @@ def test_scan_catches_fragile_outputs(tmp_path, case):
     elif case == "printed":
         outputs, md = [{"output_type": "stream", "name": "stdout", "text": "error 3.9e-16\n"}], ""
     else:
-        outputs, md = [_glue_output("r", "0.25338456270911375")], "{glue:text}`r:.3f`"
+        outputs, md = [_glue_output("r", "0.25338456270911375")], '{eval}`glued("r:.3f")`'
     path = _fake_notebook(tmp_path, outputs, md)
     try:
         formats = dict(FORMATS)
         for m in _GLUE_USE.finditer(md):
-            formats.setdefault(m.group(1), set()).add(m.group(2) or "")
+            formats.setdefault(m.group(1) or m.group(3), set()).add(m.group(2) or m.group(4) or "")
         assert fragile_glued(path, formats) + fragile_printed(path)
     finally:
         path.unlink()
@@ -196,3 +199,139 @@ def test_scan_accepts_portable_outputs(tmp_path):
         assert fragile_glued(path, formats) + fragile_printed(path) == []
     finally:
         path.unlink()
+
+
+# ------------------------------------------------------------------ the portable form (issue #27)
+# The notebooks are written in MyST that JupyterLab (jupyterlab-myst) shows as it is and that
+# tools/sphinx_ext/portable_myst.py turns into the site's roles while Sphinx reads them. The
+# values the inline expressions show are stored in each markdown cell's user_expressions; they
+# must be exactly the glued outputs (which nbval compares with a fresh execution) as the site
+# formats them, so every number a reader sees in JupyterLab is checked against the code.
+
+import sys  # noqa: E402
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+from _examples import examples  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tools" / "sphinx_ext"))
+import portable_myst  # noqa: E402
+
+from fixedstate import prose  # noqa: E402
+
+TABLE, BIB, TITLES = portable_myst.macros(), portable_myst.author_year(), portable_myst.ref_titles()
+EQUATIONS, STATEMENTS = portable_myst.equation_numbers(), portable_myst.statement_numbers()
+
+
+def _markdown_cells(nb_path):
+    return ["".join(c["source"]) for c in json.loads(nb_path.read_text())["cells"] if c["cell_type"] == "markdown"]
+
+
+@pytest.mark.parametrize("nb_path", notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_notebook_is_in_the_portable_form_and_shows_its_glued_values(nb_path):
+    """No role, macro or bare reference JupyterLab cannot show; stored expression values are the glued ones."""
+    converted = portable_myst.dump(portable_myst.convert(nb_path, table=TABLE, bib=BIB, titles=TITLES,
+                                                         equations=EQUATIONS, statements=STATEMENTS))
+    assert converted == nb_path.read_text(), (
+        f"{nb_path.relative_to(ROOT)} is not in the portable form or its user_expressions are stale: "
+        f"run  .venv/bin/python tools/sphinx_ext/portable_myst.py {nb_path.relative_to(ROOT)}")
+
+
+@pytest.mark.parametrize("nb_path", notebooks(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_site_reads_every_portable_form_back_as_its_own_roles(nb_path):
+    """The hook leaves no inline expression or citation link, and undoes exactly what the tool did."""
+    local = {m for text in _markdown_cells(nb_path) for m in re.findall(r"^\(([^()\s]+)\)=", text, re.M)}
+    local |= {m for text in _markdown_cells(nb_path) for m in portable_myst.EQ_DEF.findall(text)}
+    local |= {m for text in _markdown_cells(nb_path) for m in portable_myst.DIRECTIVE_LABEL.findall(text)}
+    for i, text in enumerate(_markdown_cells(nb_path)):
+        site = portable_myst.to_site(text)
+        assert "glued(" not in site and "(#cite-" not in site and ".ipynb#eq-" not in site, f"cell {i}: {site[:200]}"
+        again = portable_myst.to_portable(site, table=TABLE, bib=BIB, titles=TITLES, local_labels=local,
+                                          equations=EQUATIONS, statements=STATEMENTS)
+        assert again == text, f"{nb_path.relative_to(ROOT)} cell {i}: the site form does not convert back"
+
+
+def test_the_tool_converts_each_site_form_and_the_hook_converts_it_back():
+    site = ("See {cite:t}`yang2024gated` and {cite}`katharopoulos2020transformers,schlag2021linear`; "
+            "$k^\\T q \\in \\R^{d}$, $\\Theta$, {glue:text}`loop_err:.0e` {glue:text}`n`, "
+            "{ref}`chap-delta-rule`, {ref}`sec-here`, {ref}`Own text <chap-ssm>`, {eq}`eq-dr-gated`, {eq}`eq-here`.")
+    out = portable_myst.to_portable(site, table=TABLE, bib=BIB, titles=TITLES, local_labels={"sec-here", "eq-here"},
+                                    equations=EQUATIONS)
+    assert "[Yang et al. (2025)](#cite-yang2024gated)" in out        # references.bib: year = 2025 (ICLR)
+    assert "([Katharopoulos et al., 2020](#cite-katharopoulos2020transformers); [Schlag et al., 2021]" in out
+    assert "$k^\\top q \\in \\mathbb{R}^{d}$, $\\Theta$" in out
+    assert '{eval}`glued("loop_err:.0e")` {eval}`glued("n")`' in out
+    assert "{ref}`The delta rule: DeltaNet, Gated DeltaNet and Kimi Delta Attention <chap-delta-rule>`" in out
+    assert "{ref}`sec-here`" in out and "{ref}`Own text <chap-ssm>`" in out
+    number, name = EQUATIONS["eq-dr-gated"]
+    assert f"[({number})](../chapters/{name}#eq-dr-gated), {{eq}}`eq-here`" in out
+    back = portable_myst.to_site(out)
+    assert "{eq}`eq-dr-gated`, {eq}`eq-here`" in back
+    assert "{cite:t}`yang2024gated`" in back
+    assert "{cite:p}`katharopoulos2020transformers,schlag2021linear`" in back
+    assert "{glue:text}`loop_err:.0e` {glue:text}`n`" in back
+
+
+def test_the_tool_refuses_an_unknown_citation_and_a_value_no_cell_glues():
+    with pytest.raises(ValueError, match="nosuchkey2099"):
+        portable_myst.to_portable("{cite:t}`nosuchkey2099`", table=TABLE, bib=BIB, titles=TITLES, local_labels=set())
+    with pytest.raises(ValueError, match="missing"):
+        portable_myst.user_expressions('{eval}`glued("missing:.2f")`', {"other": "1.0"}, "probe")
+
+
+def test_a_stale_stored_value_is_caught(tmp_path):
+    """Change one stored expression value of a chapter: the portable-form check fails (a test that can fail)."""
+    nb_path = ROOT / "chapters" / "03_delta_rule.ipynb"
+    nb = json.loads(nb_path.read_text())
+    cell = next(c for c in nb["cells"] if c["metadata"].get("user_expressions"))
+    cell["metadata"]["user_expressions"][0]["result"]["data"]["text/plain"] = "'9.99'"
+    probe = ROOT / "chapters" / f"_portable_probe_{tmp_path.name}.ipynb"
+    probe.write_text(portable_myst.dump(nb))
+    try:
+        fresh = portable_myst.dump(portable_myst.convert(probe, table=TABLE, bib=BIB, titles=TITLES))
+        assert fresh != probe.read_text()
+    finally:
+        probe.unlink()
+
+
+_FORMATS = st.sampled_from(["", ".3f", ".0f", ",.0f", ",", ".1e", ".0e", ".2g", ".3g", ".1%", ".2%", "d", ",d"])
+
+
+@examples(300)
+@given(value=st.one_of(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e12, max_value=1e12),
+                       st.integers(-10**9, 10**9)), fmt=_FORMATS)
+def test_the_kernel_and_the_site_show_a_glued_value_alike(value, fmt):
+    """prose.glued (JupyterLab, in the kernel) == myst-nb's rule on the stored text/plain (the site)."""
+    if fmt.endswith("d") and not isinstance(value, int):
+        value = int(value)
+    spec = f"v:{fmt}" if fmt else "v"
+    prose.glue("v", value, display=False)
+    assert prose.glued(spec) == portable_myst.format_glued(repr(value), spec)
+
+
+def test_glued_names_what_it_lacks():
+    with pytest.raises(ValueError, match="spec"):
+        prose.glued("")
+    with pytest.raises(ValueError, match="never_glued"):
+        prose.glued("never_glued:.2f")
+
+
+@pytest.mark.site
+def test_the_equation_numbers_the_notebooks_show_are_the_sites():
+    """An equation of another notebook is shown by number in JupyterLab: the number the built site gives it."""
+    site = ROOT / "_build" / "html" / "chapters"
+    if not site.is_dir():
+        pytest.fail(f"no built book at {site.parent}: run `make book` first")
+    wrong = []
+    for label, (number, name) in EQUATIONS.items():
+        html = (site / name.replace(".ipynb", ".html")).read_text()
+        m = re.search(r'id="equation-' + re.escape(label) + r'".{0,3000}?class="eqno">\(([\d.]+)\)', html, re.S)
+        if m is None or m.group(1) != number:
+            wrong.append(f"{label}: the notebooks say ({number}), the site ({m and m.group(1)})")
+    for label, (name, file) in STATEMENTS.items():
+        html = (site / file.replace(".ipynb", ".html")).read_text()
+        shown = re.findall(r'href="#' + re.escape(label) + r'"[^>]*>([^<]*)<', html) + \
+            re.findall(r'id="' + re.escape(label) + r'".{0,400}?(' + name.split()[0] + r' [\d.]+)', html, re.S)
+        if name not in [t.strip() for t in shown]:
+            wrong.append(f"{label}: the notebooks say {name}, the site {shown}")
+    assert len(EQUATIONS) > 100 and STATEMENTS and not wrong, wrong

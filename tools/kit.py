@@ -122,6 +122,7 @@ def pinned_requirements(root: Path = ROOT) -> list[str]:
 
     pins = lock(root)
     todo = [Requirement(r) for r in project(root)["dependencies"]] + [Requirement(jupyterlab_pin(root))]
+    todo += [Requirement(r) for r in project(root)["optional-dependencies"]["book"] if _name(r) == "jupyterlab-myst"]
     seen: dict[str, str] = {}
     while todo:
         req = todo.pop()

@@ -25,7 +25,7 @@ import re
 
 import numpy as np
 
-__all__ = ["round_to_format", "glue", "glue_number", "glue_bound", "below", "max_relative_error", "ROUNDING_LEVEL"]
+__all__ = ["round_to_format", "glue", "glued", "glue_number", "glue_bound", "below", "max_relative_error", "ROUNDING_LEVEL"]
 
 #: Errors below this size are rounding-level: state them as bounds, never as digits.
 ROUNDING_LEVEL = 1e-12
@@ -66,13 +66,21 @@ def round_to_format(value, fmt: str):
     return float(shown)
 
 
+#: Every value glued in this kernel, by name: what :func:`glued` shows.
+_GLUED: dict = {}
+
+
 def glue(name: str, value, display: bool = True) -> None:
     """myst-nb's ``glue`` while the book is built; without myst-nb, only the display.
+
+    The value is also kept in this kernel for :func:`glued`, the inline expression
+    with which the markdown shows it in JupyterLab.
 
     A reader who runs a chapter in a plain Jupyter (the package and its
     dependencies, not the book's build tools) has nothing to paste glued values
     into, so the value is shown if ``display`` asks for it and otherwise dropped.
     """
+    _GLUED[name] = value
     try:
         from myst_nb import glue as myst_glue
     except ModuleNotFoundError:
@@ -82,6 +90,35 @@ def glue(name: str, value, display: bool = True) -> None:
             show(value)
         return
     myst_glue(name, value, display=display)
+
+
+def glued(spec: str) -> str:
+    """The text of a glued value, as the book's pages show it: ``spec`` is ``"name"`` or ``"name:fmt"``.
+
+    The notebooks' markdown shows glued values with inline expressions,
+    ``{eval}`glued("loop_err:.0e")```, which JupyterLab with jupyterlab-myst
+    evaluates in the kernel; the site shows the same value with myst-nb's
+    ``{glue:text}`loop_err:.0e``` (tools/sphinx_ext/portable_myst.py). Both apply
+    the format as myst-nb does: a type letter for floats (``e f g %``) converts to
+    float, one for integers (``d`` ...) to int, no format is ``str``.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"spec: expected 'name' or 'name:format', got {spec!r}")
+    name, fmt = (spec.rsplit(":", 1) if ":" in spec else (spec, ""))
+    if name not in _GLUED:
+        raise ValueError(f"spec: nothing is glued under {name!r} in this kernel yet "
+                         f"(run the cells above first); glued: {sorted(_GLUED)}")
+    value = _GLUED[name]
+    if fmt == "":
+        return str(value)
+    kind = fmt[-1]
+    if kind == "s":
+        value = str(value)
+    elif kind in "bcdoxX":
+        value = int(value)
+    elif kind in "eEfFgGn%":
+        value = float(value)
+    return format(value, fmt)
 
 
 def glue_number(name: str, value, fmt: str | None) -> None:
