@@ -43,7 +43,7 @@ from ._threads import one_blas_thread
 from ._validate import (Arg, as_float_array, check_interval, check_log_gate, check_positive_int, check_real_number,
                         prepare_layer_args)
 from .gated_linear_attention import gla_recurrent
-from .kernels import (GROUP_BYTES, block_view, chunk_grid, delta_chunks, flat, levels, split_chunks,
+from .kernels import (block_view, chunk_grid, chunks_per_group, delta_chunks, flat, levels, split_chunks,
                       unit_lower_inverse)
 
 __all__ = [
@@ -376,9 +376,7 @@ def rwkv7_chunks(q, k, v, log_w, a, b, S, scale, chunk_size, *, group_bytes=None
     w = chunks(np.exp(log_w), fill=1.0)              # per-token decays, exponents <= 0
     S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
     out = np.empty((B, n, C2, d_v), dtype=dtype)
-    group_bytes = GROUP_BYTES if group_bytes is None else group_bytes
-    group_tokens = max(C2, group_bytes // (max(d_k, d_v) * dtype.itemsize))
-    group = max(1, group_tokens // (C2 * B))                          # consecutive chunks per group
+    group = chunks_per_group(C2, max(d_k, d_v), dtype.itemsize, sequences=B, group_bytes=group_bytes)
     for g0 in range(0, n, group):
         sl = slice(g0, min(n, g0 + group))
         out[:, sl] = _rwkv7_group(qc[:, sl], kc[:, sl], vc[:, sl], ac[:, sl], bc[:, sl], w[:, sl], S)

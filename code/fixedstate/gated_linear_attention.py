@@ -66,7 +66,7 @@ import numpy as np
 from ._threads import one_blas_thread
 from ._validate import (Arg, as_float_array, as_float_batch, check_log_gate, check_positive_int, float_dtype,
                         prepare_layer_args)
-from .kernels import GROUP_BYTES   # the group size of every chunked form
+from .kernels import chunks_per_group  # the one formula for the size of a group of chunks
 from .kernels import chunk_decays  # KDA's overflow-safe per-channel pair products, shared with GLA
 from .kernels import flat          # merges the leading axes into one
 from .kernels import split_chunks  # the chunks of a sequence, padded with tokens that change nothing
@@ -207,14 +207,24 @@ def gla_chunk(q, k, v, *, log_gate, scale=1.0, initial_state=None):
 # --------------------------------------------------------------------------- chunkwise form
 
 # The intra-chunk work runs over groups of consecutive chunks whose (tokens x d) arrays take
-# about kernels.GROUP_BYTES, so that the level-by-level pair products stay in the processor's
-# cache (the result does not depend on the size; kernels.py says how the delta rule's groups
-# of the same size are counted).
+# about kernels.GROUP_BYTES (kernels.chunks_per_group, the delta rule's formula), so that the
+# level-by-level pair products stay in the processor's cache; the result does not depend on it.
 
 
 @one_blas_thread
-def _chunkwise(q, k, v, log_gate, S, scale, chunk_size):
-    """q, k, log_gate: (B, T, d_k); v: (B, T, d_v); S: (B, d_k, d_v) or None."""
+def gla_chunks(q, k, v, log_gate, S, scale, chunk_size, *, group_bytes=None):
+    """The kernel of :func:`gla_chunkwise` on flattened arrays (``eq-fam-gla-chunk-out``,
+    ``eq-fam-gla-chunk-state``), one BLAS thread.
+
+    ``q, k, log_gate``: (B, T, d_k); ``v``: (B, T, d_v); ``S``: (B, d_k, d_v) or None
+    (zeros); ``chunk_size`` an integer >= 1. No validation: :func:`gla_chunkwise`
+    validates, flattens the leading axes and calls it (it is not in ``__all__``).
+    Returns the outputs (B, T, d_v), times ``scale``, and the final state. The chunks
+    of all B sequences go through the pair products in groups of
+    :func:`fixedstate.kernels.chunks_per_group` chunks (``group_bytes``, default
+    :data:`fixedstate.kernels.GROUP_BYTES`); the result does not depend on the group
+    size (the tests pass small ones).
+    """
     B, T, d_k = k.shape
     d_v = v.shape[-1]
     dtype = q.dtype
@@ -233,7 +243,7 @@ def _chunkwise(q, k, v, log_gate, S, scale, chunk_size):
     out = np.empty((N, C2, d_v), dtype=dtype)
     local = np.empty((N, d_k, d_v), dtype=dtype)
     gamma = np.empty((N, C2, d_k), dtype=dtype)
-    group = max(1, GROUP_BYTES // (C2 * max(d_k, d_v) * dtype.itemsize))
+    group = chunks_per_group(C2, max(d_k, d_v), dtype.itemsize, group_bytes=group_bytes)   # chunks per group
     for g0 in range(0, N, group):
         g = slice(g0, min(N, g0 + group))
         m = g.stop - g0
@@ -276,7 +286,7 @@ def gla_chunkwise(q, k, v, *, log_gate, scale=1.0, initial_state=None, chunk_siz
     positive, however strong the decays.
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
-    return _run(_chunkwise, q, k, v, log_gate, scale, initial_state, chunk_size)
+    return _run(gla_chunks, q, k, v, log_gate, scale, initial_state, chunk_size)
 
 
 # --------------------------------------------------------------------------- special cases and relatives

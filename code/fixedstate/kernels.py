@@ -22,7 +22,8 @@ and trusts them. What lives here is what more than one module needs:
 - every matrix product of the chunkwise delta rule (:func:`matmul`,
   :func:`matmul_add`), which :func:`recording_products` can record (the product
   counts and the replay of :mod:`fixedstate.timing`);
-- the group size of the chunked forms (:data:`GROUP_BYTES`, :data:`RANGE_BYTES`);
+- the group size of the chunked forms (:data:`GROUP_BYTES`, :data:`RANGE_BYTES`) and the one
+  formula that turns it into chunks (:func:`chunks_per_group`);
 - :func:`flat`, which merges leading axes; the softmax attention's
   :func:`row_softmax` and :func:`softmax_scale`; the SSM's :func:`segment_sums` and
   the pair scan :func:`scan_pairs` behind :func:`fixedstate.ssm.associative_scan`.
@@ -48,7 +49,7 @@ from ._validate import as_float_array
 __all__ = [
     "flat", "chunk_grid", "split_chunks", "levels", "block_view", "chunk_decays", "unit_lower_inverse",
     "matmul", "matmul_add", "recording_products",
-    "GROUP_BYTES", "RANGE_BYTES",
+    "GROUP_BYTES", "RANGE_BYTES", "chunks_per_group",
     "scalar_prep", "kda_prep", "state_pass", "delta_chunks", "delta_step", "delta_scan", "additive_scan",
     "ssd_state",
     "row_softmax", "softmax_scale", "segment_sums", "scan_pairs",
@@ -526,15 +527,27 @@ def state_pass(q, k, v, beta, qk, ut, gamma, to_end, S, channelwise):
 # result depends on neither size.
 #
 # GROUP_BYTES is the one group size of every chunked form (the delta rule's, RWKV-7's in
-# delta_family, GLA's). They count it in two ways, which agree for one sequence:
-# delta_chunks and RWKV-7's driver take group_tokens = max(C, GROUP_BYTES // (d * itemsize))
-# tokens (d = max(d_k, d_v), C the padded chunk size) and place the sequences of the batch
-# side by side in it (group_tokens // (C * sequences) consecutive chunks, at least one);
-# GLA has flattened the batch and the chunks into one axis of B * n chunks before its
-# groups are cut, so it takes max(1, GROUP_BYTES // (C * d * itemsize)) of them, which is
-# group_tokens // C. Either way a group's (tokens x d) arrays take about GROUP_BYTES.
+# delta_family, GLA's), and chunks_per_group the one formula that turns it into a number of
+# chunks: group_tokens = max(C, GROUP_BYTES // (d * itemsize)) tokens (d = max(d_k, d_v), C
+# the padded chunk size), shared by the sequences placed side by side in a group.
 GROUP_BYTES = 256 * 1024
 RANGE_BYTES = 8 * 1024 * 1024
+
+
+def chunks_per_group(chunk, width, itemsize, *, sequences=1, group_bytes=None):
+    """How many consecutive chunks go into one group: at least one, and about ``group_bytes`` in all.
+
+    A group holds ``sequences`` sequences side by side, each with the same consecutive
+    chunks of ``chunk`` tokens whose rows are ``width`` numbers of ``itemsize`` bytes
+    (``width = max(d_k, d_v)``). Its tokens number ``max(chunk, group_bytes // (width *
+    itemsize))`` (at least one chunk; ``group_bytes`` defaults to :data:`GROUP_BYTES`),
+    split among the sequences: ``max(1, tokens // (chunk * sequences))`` chunks each. With
+    ``sequences=1`` it is also how many sequences of one chunk fit side by side. Every
+    chunked form (:func:`delta_chunks`, GLA's, RWKV-7's) sizes its groups with it.
+    """
+    group_bytes = GROUP_BYTES if group_bytes is None else group_bytes
+    tokens = max(chunk, group_bytes // (width * itemsize))
+    return max(1, tokens // (chunk * sequences))
 
 
 def chunk_grid(T, chunk_size):
@@ -582,7 +595,6 @@ def delta_chunks(q, k, v, beta, log_gate, S, scale, chunk_size, channelwise, *, 
     :data:`RANGE_BYTES`) size the groups of chunks processed together; the result
     does not depend on them (the tests pass small ones to cross many groups).
     """
-    group_bytes = GROUP_BYTES if group_bytes is None else group_bytes
     range_bytes = RANGE_BYTES if range_bytes is None else range_bytes
     B, T, d_k = k.shape
     d_v = v.shape[-1]
@@ -602,12 +614,12 @@ def delta_chunks(q, k, v, beta, log_gate, S, scale, chunk_size, channelwise, *, 
 
     S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
     out = np.empty((B, n, C2, d_v), dtype=dtype)
-    group_tokens = max(C2, group_bytes // (max(d_k, d_v) * dtype.itemsize))
-    per_block = max(1, group_tokens // C2)                          # sequences side by side
+    width, item = max(d_k, d_v), dtype.itemsize
+    per_block = chunks_per_group(C2, width, item, group_bytes=group_bytes)   # sequences side by side
     for i0 in range(0, B, per_block):
         items = slice(i0, min(B, i0 + per_block))
         m = items.stop - i0
-        group = max(1, group_tokens // (C2 * m))                    # consecutive chunks
+        group = chunks_per_group(C2, width, item, sequences=m, group_bytes=group_bytes)   # consecutive chunks
         span = group * max(1, range_bytes // (group * m * C2 * C2 * dtype.itemsize))
         S_items = S[items]
         for r0 in range(0, n, span):
