@@ -142,14 +142,14 @@ def test_deltaproduct_bad_input_names_the_argument(name, kw):
 @given(T=st.integers(1, 25), d_k=st.integers(1, 5), d_v=st.integers(1, 4), seed=st.integers(0, 10_000),
        with_init=st.booleans())
 def test_rwkv7_with_the_right_choices_is_the_gated_delta_rule(T, d_k, d_v, seed, with_init):
-    # log_w = log g on every channel, a = -k, b = g beta k, key beta k
+    # log_gate = log g on every channel, a = -k, b = g beta k, key beta k
     rng = np.random.default_rng(seed)
     q, k, v, beta, lg = product_inputs(rng, (2,), T, 1, d_k, d_v, beta_max=1.0)
     k, v, beta = k[..., 0, :], v[..., 0, :], beta[..., 0]
     S0 = rng.standard_normal((2, d_k, d_v)) if with_init else None
     o_ref, S_ref = dr.gated_delta_rule_recurrent(q, k, v, beta=beta, log_gate=lg, initial_state=S0)
     g = np.exp(lg)[..., None]
-    o, S = df.rwkv7_recurrent(q, beta[..., None] * k, v, log_w=np.broadcast_to(lg[..., None], k.shape), a=-k,
+    o, S = df.rwkv7_recurrent(q, beta[..., None] * k, v, log_gate=np.broadcast_to(lg[..., None], k.shape), a=-k,
                               b=g * beta[..., None] * k, initial_state=S0)
     assert rel_err(o, o_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
 
@@ -161,7 +161,7 @@ def test_rwkv7_without_the_rank_one_term_is_gla():
     v = rng.standard_normal((T, d_v))
     lw = np.log(rng.uniform(0.3, 1.0, (T, d_k)))
     zero = np.zeros((T, d_k))
-    o, S = df.rwkv7_recurrent(q, k, v, log_w=lw, a=zero, b=zero)
+    o, S = df.rwkv7_recurrent(q, k, v, log_gate=lw, a=zero, b=zero)
     o_g, S_g = gla.gla_recurrent(q, k, v, log_gate=lw)
     assert rel_err(o, o_g) <= 1e-14 and rel_err(S, S_g) <= 1e-14
 
@@ -182,17 +182,17 @@ def test_rwkv7_is_the_papers_update_transposed():
     for t in range(T):
         S_paper = S_paper @ (np.diag(w[t]) - np.outer(kappa[t], iclr[t] * kappa[t])) + np.outer(v[t], k_rep[t])
         want.append(S_paper @ r[t])
-    o, S = df.rwkv7_recurrent(r, k_rep, v, log_w=np.log(w), a=-kappa, b=kappa * iclr)
+    o, S = df.rwkv7_recurrent(r, k_rep, v, log_gate=np.log(w), a=-kappa, b=kappa * iclr)
     assert rel_err(o, np.array(want)) <= 1e-12 and rel_err(S, S_paper.T) <= 1e-12
     S1 = None
     for t in range(T):
-        o1, S1 = df.rwkv7_step(r[t], k_rep[t], v[t], log_w=np.log(w[t]), a=-kappa[t], b=kappa[t] * iclr[t],
+        o1, S1 = df.rwkv7_step(r[t], k_rep[t], v[t], log_gate=np.log(w[t]), a=-kappa[t], b=kappa[t] * iclr[t],
                                initial_state=S1)
         assert rel_err(o1, o[t]) <= 1e-14
 
 
-_RWKV7_BAD = [("log_w", dict(log_w=np.full((4, 3), 0.5))), ("a", dict(a=np.ones((4, 2)))), ("b", dict(b=np.ones(3))),
-              ("v", dict(v=np.ones((3, 2)))), ("log_w", dict(log_w=np.full((4, 3), np.nan))),
+_RWKV7_BAD = [("log_gate", dict(log_gate=np.full((4, 3), 0.5))), ("a", dict(a=np.ones((4, 2)))), ("b", dict(b=np.ones(3))),
+              ("v", dict(v=np.ones((3, 2)))), ("log_gate", dict(log_gate=np.full((4, 3), np.nan))),
               ("initial_state", dict(initial_state=np.ones((2, 3))))]
 _CHUNK_BAD = [("chunk_size", dict(chunk_size=0)), ("chunk_size", dict(chunk_size=2.5)),
               ("chunk_size", dict(chunk_size=True))]
@@ -201,7 +201,7 @@ _CHUNK_BAD = [("chunk_size", dict(chunk_size=0)), ("chunk_size", dict(chunk_size
 @pytest.mark.parametrize("form,name,kw", [("recurrent",) + c for c in _RWKV7_BAD]
                          + [("chunkwise",) + c for c in _RWKV7_BAD + _CHUNK_BAD])
 def test_rwkv7_bad_input_names_the_argument(form, name, kw):
-    args = dict(q=np.ones((4, 3)), k=np.ones((4, 3)), v=np.ones((4, 2)), log_w=-np.ones((4, 3)),
+    args = dict(q=np.ones((4, 3)), k=np.ones((4, 3)), v=np.ones((4, 2)), log_gate=-np.ones((4, 3)),
                 a=np.ones((4, 3)), b=np.ones((4, 3)))
     args.update(kw)
     fn = df.rwkv7_recurrent if form == "recurrent" else df.rwkv7_chunkwise
@@ -219,13 +219,13 @@ def rwkv7_inputs(rng, lead, T, d_k, d_v, *, like_rwkv7=True, log_w_min=None):
         kappa = rng.standard_normal(lead + (T, d_k))
         kappa /= np.linalg.norm(kappa, axis=-1, keepdims=True)
         a, b = -kappa, kappa * rng.uniform(0.0, 1.0, lead + (T, d_k))
-        log_w = -np.exp(-0.5) / (1.0 + np.exp(-rng.standard_normal(lead + (T, d_k))))
+        log_gate = -np.exp(-0.5) / (1.0 + np.exp(-rng.standard_normal(lead + (T, d_k))))
     else:
         a, b = rng.standard_normal((2,) + lead + (T, d_k)) / np.sqrt(d_k)
-        log_w = np.log(rng.uniform(0.3, 1.0, lead + (T, d_k)))
+        log_gate = np.log(rng.uniform(0.3, 1.0, lead + (T, d_k)))
     if log_w_min is not None:
-        log_w = rng.uniform(log_w_min, 0.0, lead + (T, d_k))
-    return q, k, v, dict(log_w=log_w, a=a, b=b)
+        log_gate = rng.uniform(log_w_min, 0.0, lead + (T, d_k))
+    return q, k, v, dict(log_gate=log_gate, a=a, b=b)
 
 
 @examples(150)
@@ -265,7 +265,7 @@ def test_rwkv7_chunkwise_does_not_depend_on_how_chunks_are_grouped(group_bytes, 
     S0 = rng.standard_normal(lead + (5, 4))
     o_ref, S_ref = df.rwkv7_recurrent(q, k, v, **kw, initial_state=S0)
     batch = lambda x: x.reshape((-1,) + x.shape[len(lead):])             # the leading axes as one
-    o, S = df.rwkv7_chunks(*(batch(x) for x in (q, k, v, kw["log_w"], kw["a"], kw["b"], S0)), 1.0, 16,
+    o, S = df.rwkv7_chunks(*(batch(x) for x in (q, k, v, kw["log_gate"], kw["a"], kw["b"], S0)), 1.0, 16,
                            group_bytes=group_bytes)
     o, S = o.reshape(o_ref.shape), S.reshape(S_ref.shape)
     assert rel_err(o, o_ref) <= 1e-13 and rel_err(S, S_ref) <= 1e-13
@@ -303,14 +303,14 @@ def test_rwkv7_chunkwise_survives_strong_decay_over_long_sequences(dtype):
 
 
 def test_rwkv7_chunkwise_with_decay_zero_and_no_rank_one_term_forgets_everything():
-    # log_w = -800 and b = 0 on a token: w = exp(-800) is exactly 0 in float64 and the rank-one term is
+    # log_gate = -800 and b = 0 on a token: w = exp(-800) is exactly 0 in float64 and the rank-one term is
     # off, so the token wipes the state before its own write and what follows does not depend on anything
     # earlier (a form dividing by cumulative decays would divide by zero here)
     rng = np.random.default_rng(14)
     q, k, v, kw = rwkv7_inputs(rng, (), 40, 4, 3)
-    kw["log_w"][20] = -800.0
+    kw["log_gate"][20] = -800.0
     kw["b"][20] = 0.0
-    assert np.exp(kw["log_w"][20]).max() == 0.0
+    assert np.exp(kw["log_gate"][20]).max() == 0.0
     o, S = df.rwkv7_chunkwise(q, k, v, **kw, chunk_size=16)
     later = {name: x[20:] for name, x in kw.items()}
     o_late, S_late = df.rwkv7_recurrent(q[20:], k[20:], v[20:], **later)
@@ -328,7 +328,7 @@ def test_rwkv7_chunkwise_with_the_right_choices_is_the_gated_delta_rule(T, d_k, 
     S0 = rng.standard_normal((2, d_k, d_v)) if with_init else None
     o_ref, S_ref = dr.gated_delta_rule_chunkwise(q, k, v, beta=beta, log_gate=lg, initial_state=S0, chunk_size=chunk)
     g = np.exp(lg)[..., None]
-    o, S = df.rwkv7_chunkwise(q, beta[..., None] * k, v, log_w=np.broadcast_to(lg[..., None], k.shape), a=-k,
+    o, S = df.rwkv7_chunkwise(q, beta[..., None] * k, v, log_gate=np.broadcast_to(lg[..., None], k.shape), a=-k,
                               b=g * beta[..., None] * k, initial_state=S0, chunk_size=chunk)
     assert rel_err(o, o_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
 
@@ -342,7 +342,7 @@ def test_rwkv7_chunkwise_without_the_rank_one_term_is_glas_chunkwise_form(chunk)
     S0 = rng.standard_normal((2, d_k, d_v))
     lw = np.log(rng.uniform(0.3, 1.0, (2, T, d_k)))
     zero = np.zeros((2, T, d_k))
-    o, S = df.rwkv7_chunkwise(q, k, v, log_w=lw, a=zero, b=zero, initial_state=S0, chunk_size=chunk)
+    o, S = df.rwkv7_chunkwise(q, k, v, log_gate=lw, a=zero, b=zero, initial_state=S0, chunk_size=chunk)
     o_g, S_g = gla.gla_chunkwise(q, k, v, log_gate=lw, initial_state=S0, chunk_size=chunk)
     assert rel_err(o, o_g) <= 1e-13 and rel_err(S, S_g) <= 1e-13
 
@@ -462,8 +462,8 @@ def test_float32_in_float32_out(form):
         "dp_step": lambda: df.deltaproduct_step(q[:, 0], k[:, 0], v[:, 0], beta=beta[:, 0], log_gate=lg[:, 0]),
         "dp_rec": lambda: df.deltaproduct_recurrent(q, k, v, beta=beta, log_gate=lg, scale=0.5),
         "dp_chunk": lambda: df.deltaproduct_chunkwise(q, k, v, beta=beta, log_gate=lg, chunk_size=4),
-        "rwkv7": lambda: df.rwkv7_recurrent(q, k1, v1, log_w=-np.abs(k1), a=-k1, b=k1, scale=0.5),
-        "rwkv7_chunk": lambda: df.rwkv7_chunkwise(q, k1, v1, log_w=-np.abs(k1), a=-k1, b=k1, scale=0.5,
+        "rwkv7": lambda: df.rwkv7_recurrent(q, k1, v1, log_gate=-np.abs(k1), a=-k1, b=k1, scale=0.5),
+        "rwkv7_chunk": lambda: df.rwkv7_chunkwise(q, k1, v1, log_gate=-np.abs(k1), a=-k1, b=k1, scale=0.5,
                                                   chunk_size=4),
         "longhorn": lambda: df.longhorn_recurrent(q, k1, v1, beta=np.abs(v1), scale=0.5),
     }
