@@ -31,7 +31,9 @@ figures run as they do in a reader's kernel.
 Options: ``--steps N`` (positions per sweep, default 24), ``--repeats N``
 (sweeps per figure, default 1), ``--only TEXT`` (figures whose name contains
 TEXT), ``--target MS`` (the 95th percentile an update should stay under,
-default 50: figures above it are marked).
+default 50: figures above it are marked), ``--plain`` (live updates without the
+glyph cache and with Pillow's PNG encoder, :func:`fixedstate.figures.engine.plain_rendering`:
+the measurement that decides whether the package keeps them).
 """
 
 from __future__ import annotations
@@ -152,8 +154,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--only", default="")
     parser.add_argument("--target", type=float, default=50.0)
+    parser.add_argument("--plain", action="store_true")
     args = parser.parse_args()
 
+    if args.plain:   # without the glyph cache and the hand-written PNG encoder: what they save
+        figures.engine.plain_rendering(True)
+        print("plain rendering: no glyph cache, Pillow's PNG encoder", file=sys.stderr)
     figures.book_style()
     found = [f for f in book_figures(sorted((ROOT / "chapters").glob("*.ipynb"))) if args.only in f[0]]
     if not found:
