@@ -154,18 +154,6 @@ def test_rwkv7_with_the_right_choices_is_the_gated_delta_rule(T, d_k, d_v, seed,
     assert rel_err(o, o_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
 
 
-def test_rwkv7_without_the_rank_one_term_is_gla():
-    rng = np.random.default_rng(5)
-    T, d_k, d_v = 12, 4, 3
-    q, k = rng.standard_normal((2, T, d_k))
-    v = rng.standard_normal((T, d_v))
-    lw = np.log(rng.uniform(0.3, 1.0, (T, d_k)))
-    zero = np.zeros((T, d_k))
-    o, S = df.rwkv7_recurrent(q, k, v, log_gate=lw, a=zero, b=zero)
-    o_g, S_g = gla.gla_recurrent(q, k, v, log_gate=lw)
-    assert rel_err(o, o_g) <= 1e-14 and rel_err(S, S_g) <= 1e-14
-
-
 def test_rwkv7_is_the_papers_update_transposed():
     # the paper: S_t = S_{t-1} (diag(w_t) - kappa_t^T (a_t o kappa_t)) + v_t^T k~_t, S of shape (d_v, d_k),
     # read out as S_t r_t; kappa the normalised removal key, a the in-context learning rate in (0, 1)^{d_k}
@@ -333,18 +321,24 @@ def test_rwkv7_chunkwise_with_the_right_choices_is_the_gated_delta_rule(T, d_k, 
     assert rel_err(o, o_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
 
 
-@pytest.mark.parametrize("chunk", [1, 5, 16])
-def test_rwkv7_chunkwise_without_the_rank_one_term_is_glas_chunkwise_form(chunk):
-    rng = np.random.default_rng(15)
-    T, d_k, d_v = 37, 4, 3
-    q, k = rng.standard_normal((2, 2, T, d_k))
-    v = rng.standard_normal((2, T, d_v))
-    S0 = rng.standard_normal((2, d_k, d_v))
-    lw = np.log(rng.uniform(0.3, 1.0, (2, T, d_k)))
-    zero = np.zeros((2, T, d_k))
-    o, S = df.rwkv7_chunkwise(q, k, v, log_gate=lw, a=zero, b=zero, initial_state=S0, chunk_size=chunk)
-    o_g, S_g = gla.gla_chunkwise(q, k, v, log_gate=lw, initial_state=S0, chunk_size=chunk)
-    assert rel_err(o, o_g) <= 1e-13 and rel_err(S, S_g) <= 1e-13
+# RWKV-7 without its rank-one term (a = b = 0) is GLA: one test for both forms, each against GLA's same form
+# (the recurrent forms on one sequence without an initial state, the chunkwise forms on a batch with one).
+@pytest.mark.parametrize("form, chunk", [("recurrent", None), ("chunkwise", 1), ("chunkwise", 5),
+                                         ("chunkwise", 16)])
+def test_rwkv7_without_the_rank_one_term_is_gla(form, chunk):
+    rng = np.random.default_rng(5 if chunk is None else 15)
+    lead, T = ((), 12) if chunk is None else ((2,), 37)
+    d_k, d_v = 4, 3
+    q, k = rng.standard_normal((2,) + lead + (T, d_k))
+    v = rng.standard_normal(lead + (T, d_v))
+    S0 = None if chunk is None else rng.standard_normal(lead + (d_k, d_v))
+    lw = np.log(rng.uniform(0.3, 1.0, lead + (T, d_k)))
+    zero = np.zeros(lead + (T, d_k))
+    extra = {} if chunk is None else {"chunk_size": chunk}
+    o, S = getattr(df, f"rwkv7_{form}")(q, k, v, log_gate=lw, a=zero, b=zero, initial_state=S0, **extra)
+    o_g, S_g = getattr(gla, f"gla_{form}")(q, k, v, log_gate=lw, initial_state=S0, **extra)
+    bound = 1e-14 if chunk is None else 1e-13
+    assert rel_err(o, o_g) <= bound and rel_err(S, S_g) <= bound
 
 
 # --------------------------------------------------------------------------- Longhorn
