@@ -242,25 +242,6 @@ def test_rwkv7_chunkwise_ignores_how_the_sequence_is_cut():
     assert rel_err(np.concatenate([o1, o2]), o) <= 1e-13 and rel_err(S2, S) <= 1e-13
 
 
-@pytest.mark.parametrize("group_bytes", [1, 3 * 16 * 5 * 8, 1 << 30])
-@pytest.mark.parametrize("lead", [(), (3,)])
-def test_rwkv7_chunkwise_does_not_depend_on_how_chunks_are_grouped(group_bytes, lead):
-    # the chunks go through cache-sized groups of group_bytes (kernels.GROUP_BYTES by default): with 1 byte
-    # every group is one chunk; with 3 chunks' worth, groups of 3 and a shorter last one (one sequence; of 1
-    # for three); with 1 GiB, one group. The kernel rwkv7_chunks takes the flattened arrays and the size.
-    rng = np.random.default_rng(16)
-    q, k, v, kw = rwkv7_inputs(rng, lead, 150, 5, 4)
-    S0 = rng.standard_normal(lead + (5, 4))
-    o_ref, S_ref = df.rwkv7_recurrent(q, k, v, **kw, initial_state=S0)
-    batch = lambda x: x.reshape((-1,) + x.shape[len(lead):])             # the leading axes as one
-    o, S = df.rwkv7_chunks(*(batch(x) for x in (q, k, v, kw["log_gate"], kw["a"], kw["b"], S0)), 1.0, 16,
-                           group_bytes=group_bytes)
-    o, S = o.reshape(o_ref.shape), S.reshape(S_ref.shape)
-    assert rel_err(o, o_ref) <= 1e-13 and rel_err(S, S_ref) <= 1e-13
-    o_default, S_default = df.rwkv7_chunkwise(q, k, v, **kw, initial_state=S0, chunk_size=16)
-    assert rel_err(o_default, o_ref) <= 1e-13 and rel_err(S_default, S_ref) <= 1e-13
-
-
 @pytest.mark.parametrize("like_rwkv7", [True, False])
 @pytest.mark.parametrize("chunk", [8, 64])
 def test_rwkv7_chunkwise_in_float32_agrees_to_float32_precision(like_rwkv7, chunk):

@@ -271,19 +271,3 @@ def test_every_exponent_is_at_most_zero(form, monkeypatch):
         ssm.ssd_chunkwise(v, np.ones(70), -3.0, q, k, chunk_size=16, initial_state=np.ones((4, 3)))
     assert arguments and max(arguments) <= 0.0
 
-
-@pytest.mark.parametrize("group_bytes", [1, 3 * 16 * 5 * 8, 1 << 30])
-@pytest.mark.parametrize("lead", [(), (3,)])
-def test_gla_chunkwise_does_not_depend_on_how_chunks_are_grouped(group_bytes, lead):
-    # the chunks of all sequences go through the pair products in groups (kernels.chunks_per_group): with
-    # 1 byte every group is one chunk; with 3 chunks' worth groups of 3 and a shorter last one; with 1 GiB
-    # one group. The kernel gla_chunks takes the flattened arrays and the size; the grouping changes no bit.
-    rng = np.random.default_rng(16)
-    q, k, v, lg = inputs(rng, lead, 150, 5, 4)
-    S0 = rng.standard_normal(lead + (5, 4))
-    batch = lambda x: x.reshape((-1,) + x.shape[len(lead):])             # the leading axes as one
-    o_one, S_one = gla.gla_chunks(*(batch(x) for x in (q, k, v, lg, S0)), 1.0, 16, group_bytes=1)
-    o, S = gla.gla_chunks(*(batch(x) for x in (q, k, v, lg, S0)), 1.0, 16, group_bytes=group_bytes)
-    assert np.array_equal(o, o_one) and np.array_equal(S, S_one)
-    o_ref, S_ref = gla.gla_recurrent(q, k, v, log_gate=lg, initial_state=S0)
-    assert rel_err(o.reshape(o_ref.shape), o_ref) <= 1e-13 and rel_err(S.reshape(S_ref.shape), S_ref) <= 1e-13
