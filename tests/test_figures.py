@@ -446,11 +446,11 @@ def test_text_fields_are_drawn_as_matplotlib_draws_them(monkeypatch):
     assert len(set(fast)) == 4  # the pictures differ where the texts or the axes do
     # without the glyph cache (matplotlib draws every text, at its exact sub-pixel place) and with Pillow's
     # encoder: the same pictures to the eye, a few pixels of the glyphs' edges apart at most
-    engine.plain_rendering(True)
+    engine.speed_ups(glyph_cache=False, png_encoder=False)
     try:
         plain = pictures()
     finally:
-        engine.plain_rendering(False)
+        engine.speed_ups()
     for a, b in zip(fast, plain):
         a, b = (np.frombuffer(_rgb_bytes(x), dtype=np.uint8) for x in (a, b))
         assert a.shape == b.shape and np.mean(a != b) < 0.01

@@ -4,7 +4,7 @@ What :mod:`fixedstate.figures` describes (the two modes, updatable drawing
 functions, live updates) is implemented here; the package re-exports the public
 names. The two speed-ups of a live update live in modules of their own: the
 glyph cache (:mod:`fixedstate.figures.glyphs`) and the PNG encoder
-(:mod:`fixedstate.figures.png`); :func:`plain_rendering` turns both off, for the
+(:mod:`fixedstate.figures.png`); :func:`speed_ups` turns them off and on, for the
 comparison ``make bench-figures --plain`` makes.
 """
 
@@ -36,20 +36,21 @@ _ENV = "FIXEDSTATE_FIGURES"
 _CHANGING = "_fixedstate_changing"
 _PARTS = "_fixedstate_parts"
 _RENDERER = "_fixedstate_renderer"
-_ENCODER = [encode_png]   # the PNG encoder of live updates (plain_rendering swaps it)
+_ENCODER = [encode_png]   # the PNG encoder of live updates (speed_ups chooses it)
 
 
-def plain_rendering(on: bool = True) -> None:
-    """Draw live updates without the glyph cache and with Pillow's PNG encoder (``on``), or with both speed-ups.
+def speed_ups(*, glyph_cache: bool = True, png_encoder: bool = True) -> None:
+    """Choose the speed-ups live updates use: the glyph cache, the hand-written PNG encoder (both by default).
 
-    Internal (outside ``__all__``): ``make bench-figures`` measures the sliders both
-    ways (``benchmarks/figures_bench.py --plain``), which is what keeps the two
-    speed-ups in the package (see :mod:`fixedstate.figures.png` and
-    :mod:`fixedstate.figures.glyphs`). The pictures are the same either way, pixel
-    for pixel in the tests (text drawn by matplotlib as it draws it).
+    Internal (outside ``__all__``): ``make bench-figures`` measures the sliders with
+    and without them (``benchmarks/figures_bench.py --plain glyphs|png|both``), which is
+    what keeps them in the package (see :mod:`fixedstate.figures.png` and
+    :mod:`fixedstate.figures.glyphs`). Without the glyph cache matplotlib draws every
+    text itself; without the encoder Pillow writes the PNG. The pictures look the same
+    (the tests compare them).
     """
-    TEXT_CACHE.enabled = not on
-    _ENCODER[0] = encode_png_pillow if on else encode_png
+    TEXT_CACHE.enabled = bool(glyph_cache)
+    _ENCODER[0] = encode_png if png_encoder else encode_png_pillow
 
 
 def book_style() -> None:

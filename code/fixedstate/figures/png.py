@@ -6,7 +6,7 @@ update, so the encoder's time is part of what the reader waits for.
 filters, deflated at level 1), where Pillow tries a filter per row;
 :func:`encode_png_pillow` is the same picture through Pillow alone, kept for the
 comparison that ``make bench-figures`` makes with ``--plain``
-(:func:`fixedstate.figures.engine.plain_rendering`).
+(:func:`fixedstate.figures.engine.speed_ups`).
 
 Why it is kept (issue #29 asked to keep it only if the sliders need it):
 MEASUREMENTS_PLACEHOLDER
