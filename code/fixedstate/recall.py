@@ -66,6 +66,7 @@ from .blocks import embedding
 from .delta_rule import delta_rule_recurrent, gated_delta_rule_recurrent
 from .linear_attention import identity_feature_map, linear_attention_recurrent
 from .kernels import additive_scan, delta_scan, row_softmax, ssd_state
+from .layer_ids import DELTA, GATED_DELTA, LINEAR, SOFTMAX, SSM, check_layer_id
 from .softmax_attention import KVCache, softmax_attention, softmax_attention_step
 from .ssm import selective_scan_sequential
 
@@ -97,10 +98,10 @@ __all__ = [
     "lab_update",
 ]
 
-MECHANISMS = ("softmax", "linear", "delta", "gated_delta", "ssm")
-"""The memories compared in the chapter, in the order the figures show them."""
+MECHANISMS = (SOFTMAX, LINEAR, DELTA, GATED_DELTA, SSM)
+"""The memories compared in the chapter (ids of :mod:`fixedstate.layer_ids`), in the order the figures show them."""
 
-FIXED_STATE = ("linear", "delta", "gated_delta", "ssm")
+FIXED_STATE = (LINEAR, DELTA, GATED_DELTA, SSM)
 
 
 # ----------------------------------------------------------------------------
@@ -118,9 +119,7 @@ def _rng(rng):
 
 
 def _mechanism(mechanism) -> str:
-    if mechanism not in MECHANISMS:
-        raise ValueError(f"mechanism: expected one of {MECHANISMS}, got {mechanism!r}")
-    return mechanism
+    return check_layer_id(mechanism, MECHANISMS, "mechanism")
 
 
 def _overlap(overlap) -> float:
