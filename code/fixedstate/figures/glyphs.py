@@ -8,7 +8,22 @@ off (matplotlib draws as usual) if this matplotlib lacks them.
 :func:`fixedstate.figures.engine.text_fields` marks the fields it draws.
 
 Why it is kept (issue #29 asked to keep it only if the sliders need it):
-MEASUREMENTS_PLACEHOLDER
+``make bench-figures`` on 2 December 2026, on the shared two-core machine the
+book is built on, under a load average of 9 to 27 (other jobs running), the
+minimum over two sweeps of each figure. Wall-clock 95th percentiles there are
+ruled by the waits for a processor, so the processor time of an update
+(``cpu95``, near what an update takes on an idle machine) separates the
+variants. With the cache against without it (the hand-written PNG encoder in
+both), cpu95 in ms: draw_kv 4.4 / 5.9, draw_crossover 5.6 / 8.6,
+draw_four_writes 10.2 / 20.2, draw_selectivity 8.9 / 8.7, draw_lab 19.2 / 28.9,
+draw_capacity 23.9 / 24.1, draw_memory 6.7 / 7.5; with neither speed-up,
+draw_four_writes 27.5 and draw_capacity 35.9. The cache halves the processor time
+of the figures whose updates are mostly text (draw_four_writes, draw_crossover)
+and takes a third off draw_lab's. No figure's cpu95 passes 50 ms without it, but
+with one other job on each core an update's wall-clock time is about twice its
+processor time, and draw_lab (29 ms without the cache, 19 with it) then misses
+50 ms without it and meets it with it: that, on the machine the book is built on,
+is why it is kept. A sweep on a quiet machine should confirm it.
 """
 
 from __future__ import annotations

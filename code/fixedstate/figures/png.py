@@ -9,7 +9,21 @@ comparison that ``make bench-figures`` makes with ``--plain``
 (:func:`fixedstate.figures.engine.speed_ups`).
 
 Why it is kept (issue #29 asked to keep it only if the sliders need it):
-MEASUREMENTS_PLACEHOLDER
+``make bench-figures`` on 2 December 2026, on the shared two-core machine the
+book is built on, under a load average of 9 to 27 (other jobs running), the
+minimum over two sweeps of each figure. Wall-clock 95th percentiles there are
+ruled by the waits for a processor (they varied several-fold between sweeps of
+the same figure with the same code), so the processor time of an update
+(``cpu95``, which waiting does not inflate, near what an update takes on an idle
+machine) is what separates the variants. With this encoder against Pillow's (the
+glyph cache on in both), cpu95 in ms: draw_kv 4.4 / 6.8, draw_crossover 5.6 /
+7.4, draw_four_writes 10.2 / 10.5, draw_selectivity 8.9 / 9.9, draw_lab 19.2 /
+21.1, draw_capacity 23.9 / 27.7, draw_memory 6.7 / 7.0; on its own a 576 x 224
+picture takes 2.0 ms here against Pillow's 4.0 ms (medians). It saves 0.3 to 4 ms
+of an update; no figure's cpu95 passes 50 ms without it. On this machine the
+sliders missed 50 ms (wall clock) with and without it, so the measurement does
+not decide; it is kept until a sweep on a quiet machine shows a figure missing
+50 ms without it, or none.
 """
 
 from __future__ import annotations
