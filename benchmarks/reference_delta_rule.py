@@ -6,7 +6,7 @@ transformers in ``.venv-reference``), never in the book's. Usage::
     .venv-reference/bin/python benchmarks/reference_delta_rule.py INPUTS.npz OUTPUTS.npz [--repeats N] [--rounds R]
 
 ``INPUTS.npz`` holds one head's ``q, k, v`` (T, d), ``beta`` (T,), the log-gates
-``g_gated`` (T,) and ``g_kda`` (T, d). Both functions take ``(batch, T, heads, d)``
+``g_gated_delta`` (T,) and ``g_kda`` (T, d). Both functions take ``(batch, T, heads, d)``
 tensors and scale the queries by ``d^-1/2`` themselves; they compute in float32
 whatever they are given. Writes their outputs (T, d) to ``OUTPUTS.npz`` (so the
 caller can check that they compute what the book's forms compute) and prints one
@@ -51,7 +51,7 @@ def main(argv=None):
     heads = lambda x: torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))[None, :, None]  # (1, T, 1, ...)
     q, k, v, beta = heads(data["q"]), heads(data["k"]), heads(data["v"]), heads(data["beta"])
     calls = {
-        "gated": lambda: torch_chunk_gated_delta_rule(q, k, v, g=heads(data["g_gated"]), beta=beta, chunk_size=64),
+        "gated_delta": lambda: torch_chunk_gated_delta_rule(q, k, v, g=heads(data["g_gated_delta"]), beta=beta, chunk_size=64),
         "kda": lambda: chunk_kimi_delta_attention(q, k, v, g=heads(data["g_kda"]), beta=beta, chunk_size=64),
     }
     default_threads = torch.get_num_threads()

@@ -159,7 +159,7 @@ def test_kda_chunk_reference_equations_equal_the_token_loop_and_the_gated_rule()
     q, k, v = rng.standard_normal((C, d_k)), rng.standard_normal((C, d_k)), rng.standard_normal((C, d_v))
     beta, S0 = rng.uniform(0.2, 0.9, C), rng.standard_normal((d_k, d_v))
     log_gate = -rng.uniform(0.0, 2.0, (C, d_k))
-    for o, s in (kda_chunk(q, k, v, beta, log_gate, S0), chk._kda_chunk_variant(q, k, v, beta, log_gate, S0)):
+    for o, s in (kda_chunk(q, k, v, beta, log_gate, S0), chk.kda_chunk_variant(q, k, v, beta, log_gate, S0)):
         want = dr.kda_loop(q, k, v, beta=beta, log_gate=log_gate, initial_state=S0)
         np.testing.assert_allclose(o, want[0], atol=1e-12)
         np.testing.assert_allclose(s, want[1], atol=1e-12)
@@ -178,13 +178,13 @@ def _scalar_gate(q, k, v, beta, log_gate, S):
 
 @pytest.mark.parametrize("wrong,fragment", [
     (_scalar_gate, "one scalar gate per token (the mean over the channels)"),
-    (lambda *a: chk._kda_loop_variant(*a, order="correct_then_decay"), '"correct, then decay"'),
-    (lambda *a: chk._kda_loop_variant(*a, order="decay_carried_only"), "the correction uses the undecayed state"),
-    (lambda *a: chk._kda_chunk_variant(*a, subtract_ws=False), "U = U~ - W S_0"),
-    (lambda *a: chk._kda_chunk_variant(*a, decay_state_in_out=False), "read the incoming state undecayed"),
-    (lambda *a: chk._kda_chunk_variant(*a, decay_in_a=False), "A has no decays"),
-    (lambda *a: chk._kda_chunk_variant(*a, decay_in_w=False), "W has no decays"),
-    (lambda *a: chk._kda_chunk_variant(*a, own_write=False), "does not see its own write"),
+    (lambda *a: chk.kda_loop_variant(*a, order="correct_then_decay"), '"correct, then decay"'),
+    (lambda *a: chk.kda_loop_variant(*a, order="decay_carried_only"), "the correction uses the undecayed state"),
+    (lambda *a: chk.kda_chunk_variant(*a, subtract_ws=False), "U = U~ - W S_0"),
+    (lambda *a: chk.kda_chunk_variant(*a, decay_state_in_out=False), "read the incoming state undecayed"),
+    (lambda *a: chk.kda_chunk_variant(*a, decay_in_a=False), "A has no decays"),
+    (lambda *a: chk.kda_chunk_variant(*a, decay_in_w=False), "W has no decays"),
+    (lambda *a: chk.kda_chunk_variant(*a, own_write=False), "does not see its own write"),
     (lambda *a: (lambda o, s: (o, s.T))(*kda_chunk(*a)), "the transpose"),
     (lambda *a: kda_chunk(*a, quotient=True), "a positive exponent overflowed"),
     (lambda *a: kda_chunk(*a, unmasked=True), "a positive exponent overflowed"),

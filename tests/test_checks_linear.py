@@ -308,8 +308,8 @@ def _own_copy(fn):
 
 
 def _chunked(q, k, v, log_gate, chunk_size, *, quotient=False, **flags):
-    from fixedstate.checks.linear import _decayed_chunks
-    _decayed_chunks = _own_copy(_decayed_chunks)
+    from fixedstate.checks.linear import decayed_chunks
+    decayed_chunks = _own_copy(decayed_chunks)
     if quotient:                                   # Gamma_r / Gamma_i from the chunk start: overflows
         T = len(q)
         S = np.zeros((k.shape[1], v.shape[1]))
@@ -322,7 +322,7 @@ def _chunked(q, k, v, log_gate, chunk_size, *, quotient=False, **flags):
                 out[s:s + len(Q)] = (G[:, None] * Q) @ S + ((Q @ K.T) * D) @ V
                 S = G[-1] * S + ((G[-1] / G)[:, None] * K).T @ V
         return out, S
-    return _decayed_chunks(q, k, v, log_gate, chunk_size, **flags)
+    return decayed_chunks(q, k, v, log_gate, chunk_size, **flags)
 
 
 def test_chunkwise_decay_check_passes_the_solution_and_names_the_slips():

@@ -83,7 +83,7 @@ def test_recall_accuracy_cases_separate_every_mistake():
     # on at least one case each mistake gives a number different from the right one
     for fn in (transposed_read, by_dot_product, count_not_fraction):
         assert any(abs(fn(s, k, v) - reference_accuracy(s, k, v)) > 1e-9
-                   for s, k, v, _ in ck._accuracy_cases()), fn.__name__
+                   for s, k, v, _ in ck.accuracy_cases()), fn.__name__
 
 
 # ----------------------------------------------------------------------------- crosstalk
@@ -131,21 +131,21 @@ def test_crosstalk_check_names_the_mistake(fn, phrase):
 # ---------------------------------------------------------------- challenge: the experiment at a new state size
 
 def test_recall_curve_check_passes_the_solution_and_names_the_slips():
-    from fixedstate.checks.recall import (check_recall_curve, _plain_curve, reference_recall_curve,
+    from fixedstate.checks.recall import (check_recall_curve, plain_curve, reference_recall_curve,
                                           new_size_draws, NEW_STATE_SIZE, ANSWERS, check_answer)
-    assert check_recall_curve(_plain_curve).passed
+    assert check_recall_curve(plain_curve).passed
     for kwargs, words in [(dict(write="additive"), "additive writes"), (dict(read="transposed"), "S^T k"),
                           (dict(score="dot"), "dot product"), (dict(among="all"), "all N_max values"),
                           (dict(written="all"), "write only the first N"), (dict(fraction=False), "fraction")]:
-        result = check_recall_curve(lambda K, V, n, kw=kwargs: _plain_curve(K, V, n, **kw))
+        result = check_recall_curve(lambda K, V, n, kw=kwargs: plain_curve(K, V, n, **kw))
         assert not result.passed and words in result.message, (kwargs, result.message)
-    per_seed = lambda K, V, n: np.array([_plain_curve(K[i:i + 1], V[i:i + 1], n) for i in range(len(K))])
+    per_seed = lambda K, V, n: np.array([plain_curve(K[i:i + 1], V[i:i + 1], n) for i in range(len(K))])
     assert "average over the seeds" in check_recall_curve(per_seed).message
     uses_package = lambda K, V, n: reference_recall_curve(K, V, n)
     assert "the package's own implementation" in check_recall_curve(uses_package).message
     # the numeric answer is what the experiment gives on the stated draws
     keys, values = new_size_draws()
-    curve = _plain_curve(keys, values, NEW_STATE_SIZE["n_values"])
+    curve = plain_curve(keys, values, NEW_STATE_SIZE["n_values"])
     reliable = [n for n, a in zip(NEW_STATE_SIZE["n_values"], curve) if a >= 0.9]
     assert check_answer("ex-rc-new-size", ANSWERS["ex-rc-new-size"]["value"]).passed
     assert ANSWERS["ex-rc-new-size"]["value"] == reliable[-1]

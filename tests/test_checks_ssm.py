@@ -44,8 +44,8 @@ def test_scan_level_count_matches_the_recursion():
             sys.setprofile(None)
         # each call that recurses does one pairing level, and one fill-in level when T > 2
         levels = sum(1 + (n > 2) for n in calls if n > 1)
-        assert levels == checks._scan_levels(T)
-    assert checks.ANSWERS["ex-ssm-scan-levels"]["value"] == checks._scan_levels(128_000) == 32
+        assert levels == checks.scan_levels(T)
+    assert checks.ANSWERS["ex-ssm-scan-levels"]["value"] == checks.scan_levels(128_000) == 32
 
 
 def test_check_answer_passes_and_fails():
@@ -218,14 +218,14 @@ def _loop_scan(a, b):
 
 
 def test_parallel_scan_check_passes_scans_and_names_the_slips():
-    from fixedstate.checks.ssm import check_parallel_scan, _scan_loop
+    from fixedstate.checks.ssm import check_parallel_scan, scan_loop
     assert check_parallel_scan(_pairwise_scan).passed
     assert check_parallel_scan(_doubling_scan).passed
     result = check_parallel_scan(_loop_scan)
     assert not result.passed and "loops over the time steps" in result.message
     exclusive = lambda a, b: np.concatenate([np.zeros_like(b[:1]), _loop_scan(a, b)[:-1]])
     assert "exclusive scan" in check_parallel_scan(exclusive).message
-    assert "wrong order" in check_parallel_scan(lambda a, b: _scan_loop(a, b, order="wrong")).message
+    assert "wrong order" in check_parallel_scan(lambda a, b: scan_loop(a, b, order="wrong")).message
     assert "a-part" in check_parallel_scan(lambda a, b: np.cumprod(a, axis=0)).message
     package = lambda a, b: ssm.associative_scan(a, b)
     assert "the package's own implementation" in check_parallel_scan(package).message

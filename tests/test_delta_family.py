@@ -142,28 +142,16 @@ def test_deltaproduct_bad_input_names_the_argument(name, kw):
 @given(T=st.integers(1, 25), d_k=st.integers(1, 5), d_v=st.integers(1, 4), seed=st.integers(0, 10_000),
        with_init=st.booleans())
 def test_rwkv7_with_the_right_choices_is_the_gated_delta_rule(T, d_k, d_v, seed, with_init):
-    # log_w = log g on every channel, a = -k, b = g beta k, key beta k
+    # log_gate = log g on every channel, a = -k, b = g beta k, key beta k
     rng = np.random.default_rng(seed)
     q, k, v, beta, lg = product_inputs(rng, (2,), T, 1, d_k, d_v, beta_max=1.0)
     k, v, beta = k[..., 0, :], v[..., 0, :], beta[..., 0]
     S0 = rng.standard_normal((2, d_k, d_v)) if with_init else None
     o_ref, S_ref = dr.gated_delta_rule_recurrent(q, k, v, beta=beta, log_gate=lg, initial_state=S0)
     g = np.exp(lg)[..., None]
-    o, S = df.rwkv7_recurrent(q, beta[..., None] * k, v, log_w=np.broadcast_to(lg[..., None], k.shape), a=-k,
+    o, S = df.rwkv7_recurrent(q, beta[..., None] * k, v, log_gate=np.broadcast_to(lg[..., None], k.shape), a=-k,
                               b=g * beta[..., None] * k, initial_state=S0)
     assert rel_err(o, o_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
-
-
-def test_rwkv7_without_the_rank_one_term_is_gla():
-    rng = np.random.default_rng(5)
-    T, d_k, d_v = 12, 4, 3
-    q, k = rng.standard_normal((2, T, d_k))
-    v = rng.standard_normal((T, d_v))
-    lw = np.log(rng.uniform(0.3, 1.0, (T, d_k)))
-    zero = np.zeros((T, d_k))
-    o, S = df.rwkv7_recurrent(q, k, v, log_w=lw, a=zero, b=zero)
-    o_g, S_g = gla.gla_recurrent(q, k, v, log_gate=lw)
-    assert rel_err(o, o_g) <= 1e-14 and rel_err(S, S_g) <= 1e-14
 
 
 def test_rwkv7_is_the_papers_update_transposed():
@@ -182,17 +170,17 @@ def test_rwkv7_is_the_papers_update_transposed():
     for t in range(T):
         S_paper = S_paper @ (np.diag(w[t]) - np.outer(kappa[t], iclr[t] * kappa[t])) + np.outer(v[t], k_rep[t])
         want.append(S_paper @ r[t])
-    o, S = df.rwkv7_recurrent(r, k_rep, v, log_w=np.log(w), a=-kappa, b=kappa * iclr)
+    o, S = df.rwkv7_recurrent(r, k_rep, v, log_gate=np.log(w), a=-kappa, b=kappa * iclr)
     assert rel_err(o, np.array(want)) <= 1e-12 and rel_err(S, S_paper.T) <= 1e-12
     S1 = None
     for t in range(T):
-        o1, S1 = df.rwkv7_step(r[t], k_rep[t], v[t], log_w=np.log(w[t]), a=-kappa[t], b=kappa[t] * iclr[t],
+        o1, S1 = df.rwkv7_step(r[t], k_rep[t], v[t], log_gate=np.log(w[t]), a=-kappa[t], b=kappa[t] * iclr[t],
                                initial_state=S1)
         assert rel_err(o1, o[t]) <= 1e-14
 
 
-_RWKV7_BAD = [("log_w", dict(log_w=np.full((4, 3), 0.5))), ("a", dict(a=np.ones((4, 2)))), ("b", dict(b=np.ones(3))),
-              ("v", dict(v=np.ones((3, 2)))), ("log_w", dict(log_w=np.full((4, 3), np.nan))),
+_RWKV7_BAD = [("log_gate", dict(log_gate=np.full((4, 3), 0.5))), ("a", dict(a=np.ones((4, 2)))), ("b", dict(b=np.ones(3))),
+              ("v", dict(v=np.ones((3, 2)))), ("log_gate", dict(log_gate=np.full((4, 3), np.nan))),
               ("initial_state", dict(initial_state=np.ones((2, 3))))]
 _CHUNK_BAD = [("chunk_size", dict(chunk_size=0)), ("chunk_size", dict(chunk_size=2.5)),
               ("chunk_size", dict(chunk_size=True))]
@@ -201,7 +189,7 @@ _CHUNK_BAD = [("chunk_size", dict(chunk_size=0)), ("chunk_size", dict(chunk_size
 @pytest.mark.parametrize("form,name,kw", [("recurrent",) + c for c in _RWKV7_BAD]
                          + [("chunkwise",) + c for c in _RWKV7_BAD + _CHUNK_BAD])
 def test_rwkv7_bad_input_names_the_argument(form, name, kw):
-    args = dict(q=np.ones((4, 3)), k=np.ones((4, 3)), v=np.ones((4, 2)), log_w=-np.ones((4, 3)),
+    args = dict(q=np.ones((4, 3)), k=np.ones((4, 3)), v=np.ones((4, 2)), log_gate=-np.ones((4, 3)),
                 a=np.ones((4, 3)), b=np.ones((4, 3)))
     args.update(kw)
     fn = df.rwkv7_recurrent if form == "recurrent" else df.rwkv7_chunkwise
@@ -219,13 +207,13 @@ def rwkv7_inputs(rng, lead, T, d_k, d_v, *, like_rwkv7=True, log_w_min=None):
         kappa = rng.standard_normal(lead + (T, d_k))
         kappa /= np.linalg.norm(kappa, axis=-1, keepdims=True)
         a, b = -kappa, kappa * rng.uniform(0.0, 1.0, lead + (T, d_k))
-        log_w = -np.exp(-0.5) / (1.0 + np.exp(-rng.standard_normal(lead + (T, d_k))))
+        log_gate = -np.exp(-0.5) / (1.0 + np.exp(-rng.standard_normal(lead + (T, d_k))))
     else:
         a, b = rng.standard_normal((2,) + lead + (T, d_k)) / np.sqrt(d_k)
-        log_w = np.log(rng.uniform(0.3, 1.0, lead + (T, d_k)))
+        log_gate = np.log(rng.uniform(0.3, 1.0, lead + (T, d_k)))
     if log_w_min is not None:
-        log_w = rng.uniform(log_w_min, 0.0, lead + (T, d_k))
-    return q, k, v, dict(log_w=log_w, a=a, b=b)
+        log_gate = rng.uniform(log_w_min, 0.0, lead + (T, d_k))
+    return q, k, v, dict(log_gate=log_gate, a=a, b=b)
 
 
 @examples(150)
@@ -252,25 +240,6 @@ def test_rwkv7_chunkwise_ignores_how_the_sequence_is_cut():
     o1, S1 = df.rwkv7_chunkwise(q[:24], k[:24], v[:24], **half, chunk_size=16)
     o2, S2 = df.rwkv7_chunkwise(q[24:], k[24:], v[24:], **rest, chunk_size=16, initial_state=S1)
     assert rel_err(np.concatenate([o1, o2]), o) <= 1e-13 and rel_err(S2, S) <= 1e-13
-
-
-@pytest.mark.parametrize("group_bytes", [1, 3 * 16 * 5 * 8, 1 << 30])
-@pytest.mark.parametrize("lead", [(), (3,)])
-def test_rwkv7_chunkwise_does_not_depend_on_how_chunks_are_grouped(group_bytes, lead):
-    # the chunks go through cache-sized groups of group_bytes (kernels.GROUP_BYTES by default): with 1 byte
-    # every group is one chunk; with 3 chunks' worth, groups of 3 and a shorter last one (one sequence; of 1
-    # for three); with 1 GiB, one group. The kernel rwkv7_chunks takes the flattened arrays and the size.
-    rng = np.random.default_rng(16)
-    q, k, v, kw = rwkv7_inputs(rng, lead, 150, 5, 4)
-    S0 = rng.standard_normal(lead + (5, 4))
-    o_ref, S_ref = df.rwkv7_recurrent(q, k, v, **kw, initial_state=S0)
-    batch = lambda x: x.reshape((-1,) + x.shape[len(lead):])             # the leading axes as one
-    o, S = df.rwkv7_chunks(*(batch(x) for x in (q, k, v, kw["log_w"], kw["a"], kw["b"], S0)), 1.0, 16,
-                           group_bytes=group_bytes)
-    o, S = o.reshape(o_ref.shape), S.reshape(S_ref.shape)
-    assert rel_err(o, o_ref) <= 1e-13 and rel_err(S, S_ref) <= 1e-13
-    o_default, S_default = df.rwkv7_chunkwise(q, k, v, **kw, initial_state=S0, chunk_size=16)
-    assert rel_err(o_default, o_ref) <= 1e-13 and rel_err(S_default, S_ref) <= 1e-13
 
 
 @pytest.mark.parametrize("like_rwkv7", [True, False])
@@ -303,14 +272,14 @@ def test_rwkv7_chunkwise_survives_strong_decay_over_long_sequences(dtype):
 
 
 def test_rwkv7_chunkwise_with_decay_zero_and_no_rank_one_term_forgets_everything():
-    # log_w = -800 and b = 0 on a token: w = exp(-800) is exactly 0 in float64 and the rank-one term is
+    # log_gate = -800 and b = 0 on a token: w = exp(-800) is exactly 0 in float64 and the rank-one term is
     # off, so the token wipes the state before its own write and what follows does not depend on anything
     # earlier (a form dividing by cumulative decays would divide by zero here)
     rng = np.random.default_rng(14)
     q, k, v, kw = rwkv7_inputs(rng, (), 40, 4, 3)
-    kw["log_w"][20] = -800.0
+    kw["log_gate"][20] = -800.0
     kw["b"][20] = 0.0
-    assert np.exp(kw["log_w"][20]).max() == 0.0
+    assert np.exp(kw["log_gate"][20]).max() == 0.0
     o, S = df.rwkv7_chunkwise(q, k, v, **kw, chunk_size=16)
     later = {name: x[20:] for name, x in kw.items()}
     o_late, S_late = df.rwkv7_recurrent(q[20:], k[20:], v[20:], **later)
@@ -328,23 +297,29 @@ def test_rwkv7_chunkwise_with_the_right_choices_is_the_gated_delta_rule(T, d_k, 
     S0 = rng.standard_normal((2, d_k, d_v)) if with_init else None
     o_ref, S_ref = dr.gated_delta_rule_chunkwise(q, k, v, beta=beta, log_gate=lg, initial_state=S0, chunk_size=chunk)
     g = np.exp(lg)[..., None]
-    o, S = df.rwkv7_chunkwise(q, beta[..., None] * k, v, log_w=np.broadcast_to(lg[..., None], k.shape), a=-k,
+    o, S = df.rwkv7_chunkwise(q, beta[..., None] * k, v, log_gate=np.broadcast_to(lg[..., None], k.shape), a=-k,
                               b=g * beta[..., None] * k, initial_state=S0, chunk_size=chunk)
     assert rel_err(o, o_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
 
 
-@pytest.mark.parametrize("chunk", [1, 5, 16])
-def test_rwkv7_chunkwise_without_the_rank_one_term_is_glas_chunkwise_form(chunk):
-    rng = np.random.default_rng(15)
-    T, d_k, d_v = 37, 4, 3
-    q, k = rng.standard_normal((2, 2, T, d_k))
-    v = rng.standard_normal((2, T, d_v))
-    S0 = rng.standard_normal((2, d_k, d_v))
-    lw = np.log(rng.uniform(0.3, 1.0, (2, T, d_k)))
-    zero = np.zeros((2, T, d_k))
-    o, S = df.rwkv7_chunkwise(q, k, v, log_w=lw, a=zero, b=zero, initial_state=S0, chunk_size=chunk)
-    o_g, S_g = gla.gla_chunkwise(q, k, v, log_gate=lw, initial_state=S0, chunk_size=chunk)
-    assert rel_err(o, o_g) <= 1e-13 and rel_err(S, S_g) <= 1e-13
+# RWKV-7 without its rank-one term (a = b = 0) is GLA: one test for both forms, each against GLA's same form
+# (the recurrent forms on one sequence without an initial state, the chunkwise forms on a batch with one).
+@pytest.mark.parametrize("form, chunk", [("recurrent", None), ("chunkwise", 1), ("chunkwise", 5),
+                                         ("chunkwise", 16)])
+def test_rwkv7_without_the_rank_one_term_is_gla(form, chunk):
+    rng = np.random.default_rng(5 if chunk is None else 15)
+    lead, T = ((), 12) if chunk is None else ((2,), 37)
+    d_k, d_v = 4, 3
+    q, k = rng.standard_normal((2,) + lead + (T, d_k))
+    v = rng.standard_normal(lead + (T, d_v))
+    S0 = None if chunk is None else rng.standard_normal(lead + (d_k, d_v))
+    lw = np.log(rng.uniform(0.3, 1.0, lead + (T, d_k)))
+    zero = np.zeros(lead + (T, d_k))
+    extra = {} if chunk is None else {"chunk_size": chunk}
+    o, S = getattr(df, f"rwkv7_{form}")(q, k, v, log_gate=lw, a=zero, b=zero, initial_state=S0, **extra)
+    o_g, S_g = getattr(gla, f"gla_{form}")(q, k, v, log_gate=lw, initial_state=S0, **extra)
+    bound = 1e-14 if chunk is None else 1e-13
+    assert rel_err(o, o_g) <= bound and rel_err(S, S_g) <= bound
 
 
 # --------------------------------------------------------------------------- Longhorn
@@ -462,8 +437,8 @@ def test_float32_in_float32_out(form):
         "dp_step": lambda: df.deltaproduct_step(q[:, 0], k[:, 0], v[:, 0], beta=beta[:, 0], log_gate=lg[:, 0]),
         "dp_rec": lambda: df.deltaproduct_recurrent(q, k, v, beta=beta, log_gate=lg, scale=0.5),
         "dp_chunk": lambda: df.deltaproduct_chunkwise(q, k, v, beta=beta, log_gate=lg, chunk_size=4),
-        "rwkv7": lambda: df.rwkv7_recurrent(q, k1, v1, log_w=-np.abs(k1), a=-k1, b=k1, scale=0.5),
-        "rwkv7_chunk": lambda: df.rwkv7_chunkwise(q, k1, v1, log_w=-np.abs(k1), a=-k1, b=k1, scale=0.5,
+        "rwkv7": lambda: df.rwkv7_recurrent(q, k1, v1, log_gate=-np.abs(k1), a=-k1, b=k1, scale=0.5),
+        "rwkv7_chunk": lambda: df.rwkv7_chunkwise(q, k1, v1, log_gate=-np.abs(k1), a=-k1, b=k1, scale=0.5,
                                                   chunk_size=4),
         "longhorn": lambda: df.longhorn_recurrent(q, k1, v1, beta=np.abs(v1), scale=0.5),
     }

@@ -5,7 +5,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import io  # noqa: E402
+
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+from fixedstate.figures import engine, glyphs, png  # noqa: E402
 
 from fixedstate.figures import (bar_heights, book_style, figure_parts, figure_png, grid_size,  # noqa: E402
                                 interactive_figure)
@@ -420,7 +425,6 @@ def test_layer_diagrams_draw_every_box_and_refuse_an_unknown_layer():
 def test_text_fields_are_drawn_as_matplotlib_draws_them(monkeypatch):
     # the fields are drawn from their kept place and kept glyph pictures; the pixels are those of Text.draw,
     # also after the axes move (the place is worked out again)
-    import fixedstate.figures as figs
 
     def pictures():
         fig, ax = new_figure(figsize=(3, 2))
@@ -436,10 +440,39 @@ def test_text_fields_are_drawn_as_matplotlib_draws_them(monkeypatch):
         return out
 
     fast = pictures()
-    monkeypatch.setattr(figs._TextCache, "draw_field", lambda self, renderer, text: text.draw(renderer))
+    monkeypatch.setattr(glyphs.TextCache, "draw_field", lambda self, renderer, text: text.draw(renderer))
     usual = pictures()
     assert fast == usual
     assert len(set(fast)) == 4  # the pictures differ where the texts or the axes do
+    # without the glyph cache (matplotlib draws every text, at its exact sub-pixel place) and with Pillow's
+    # encoder: the same pictures to the eye, a few pixels of the glyphs' edges apart at most
+    engine.speed_ups(glyph_cache=False, png_encoder=False)
+    try:
+        plain = pictures()
+    finally:
+        engine.speed_ups()
+    for a, b in zip(fast, plain):
+        a, b = (np.frombuffer(_rgb_bytes(x), dtype=np.uint8) for x in (a, b))
+        assert a.shape == b.shape and np.mean(a != b) < 0.01
+
+
+def _rgb_bytes(png: bytes) -> bytes:
+    from PIL import Image
+
+    return Image.open(io.BytesIO(png)).convert("RGB").tobytes()
+
+
+@pytest.mark.parametrize("colors", [None, 16])
+def test_the_own_png_encoder_writes_the_pictures_pillow_writes(colors):
+    rng = np.random.default_rng(3)
+    rgba = rng.integers(0, 256, (30, 41, 4), dtype=np.uint8)
+    rgba[:, :20] = rgba[0, 0]                                   # flat areas as well as noise
+    own = png.encode_png(rgba.tobytes(), (41, 30), colors)
+    pillow = png.encode_png_pillow(rgba.tobytes(), (41, 30), colors)
+    if colors is None:
+        assert _rgb_bytes(own) == _rgb_bytes(pillow) == rgba[:, :, :3].tobytes()
+    else:
+        assert len(set(_rgb_bytes(own)[i:i + 3] for i in range(0, 30 * 41 * 3, 3))) <= colors
 
 # ----------------------------------------------------------------------------- the figures of chapters 1, 2, 4, 6
 
@@ -554,7 +587,7 @@ def test_live_memory_redraws_at_values_between_the_grid_points():
     assert fig.axes[0].get_title() == "no attention layer"
     box.controls["every"].value = 3
     assert fig.axes[0].get_title() == "attention in every 3rd layer (10 of 32)"
-    assert [fhy._every_nth(n) for n in (1, 2, 4, 11, 12, 13, 21, 22, 23, 64)] == [
+    assert [fhy.every_nth(n) for n in (1, 2, 4, 11, 12, 13, 21, 22, 23, 64)] == [
         "every layer", "every 2nd layer", "every 4th layer", "every 11th layer", "every 12th layer",
         "every 13th layer", "every 21st layer", "every 22nd layer", "every 23rd layer", "every 64th layer"]
 

@@ -133,8 +133,8 @@ def test_retnet_is_its_parallel_form(chunk):
     t = np.arange(T)
     decay = np.where(t[:, None] >= t[None, :], np.exp(log_decay[:, None, None] * (t[:, None] - t[None, :])), 0.0)
     want = (decay * (q @ k.swapaxes(-1, -2))) @ v
-    o_r, S_r = gla.retnet_recurrent(q, k, v, log_decay=log_decay)
-    o_c, S_c = gla.retnet_chunkwise(q, k, v, log_decay=log_decay, chunk_size=chunk)
+    o_r, S_r = gla.retnet_recurrent(q, k, v, log_gate=log_decay)
+    o_c, S_c = gla.retnet_chunkwise(q, k, v, log_gate=log_decay, chunk_size=chunk)
     assert rel_err(o_r, want) <= 1e-12 and rel_err(o_c, want) <= 1e-12 and rel_err(S_c, S_r) <= 1e-12
 
 
@@ -166,7 +166,7 @@ def test_mlstm_without_stabiliser_is_its_cell():
         Cm = f * Cm + i * np.outer(v[t], k[t])
         n = f * n + i * k[t]
         want.append(Cm @ q[t] / max(abs(n @ q[t]), 1.0))
-    o, S = gla.mlstm_recurrent(q, k, v, log_forget=log_f, log_input=log_i)
+    o, S = gla.mlstm_recurrent(q, k, v, log_gate=log_f, log_input=log_i)
     assert rel_err(o, np.array(want)) <= 1e-12
     assert rel_err(S[:, :d_v], Cm.T) <= 1e-12 and rel_err(S[:, d_v], n) <= 1e-12
 
@@ -179,9 +179,9 @@ def test_float32_in_float32_out(form):
         "step": lambda: gla.gla_step(q[:, 0], k[:, 0], v[:, 0], log_gate=lg[:, 0], scale=0.5),
         "recurrent": lambda: gla.gla_recurrent(q, k, v, log_gate=lg, scale=0.5),
         "chunkwise": lambda: gla.gla_chunkwise(q, k, v, log_gate=lg, scale=0.5, chunk_size=4),
-        "retnet": lambda: gla.retnet_chunkwise(q, k, v, log_decay=-0.1, chunk_size=4),
+        "retnet": lambda: gla.retnet_chunkwise(q, k, v, log_gate=-0.1, chunk_size=4),
         "hgrn2": lambda: gla.hgrn2_chunkwise(q, v, log_gate=lg, chunk_size=4),
-        "mlstm": lambda: gla.mlstm_recurrent(q, k, v, log_forget=lg[..., 0], log_input=lg[..., 1]),
+        "mlstm": lambda: gla.mlstm_recurrent(q, k, v, log_gate=lg[..., 0], log_input=lg[..., 1]),
     }
     o, S = calls[form]()
     assert o.dtype == np.float32 and S.dtype == np.float32
@@ -196,8 +196,8 @@ def test_float32_in_float32_out(form):
     ("initial_state", lambda q, k, v, lg: gla.gla_chunkwise(q, k, v, log_gate=lg, initial_state=np.zeros((2, 3)))),
     ("chunk_size", lambda q, k, v, lg: gla.gla_chunkwise(q, k, v, log_gate=lg, chunk_size=0)),
     ("scale", lambda q, k, v, lg: gla.gla_recurrent(q, k, v, log_gate=lg, scale=np.inf)),
-    ("log_decay", lambda q, k, v, lg: gla.retnet_recurrent(q, k, v, log_decay=0.1)),
-    ("log_forget", lambda q, k, v, lg: gla.mlstm_recurrent(q, k, v, log_forget=np.ones(6), log_input=np.ones(6))),
+    ("log_gate", lambda q, k, v, lg: gla.retnet_recurrent(q, k, v, log_gate=0.1)),
+    ("log_gate", lambda q, k, v, lg: gla.mlstm_recurrent(q, k, v, log_gate=np.ones(6), log_input=np.ones(6))),
     ("q", lambda q, k, v, lg: gla.gla_step(q.astype(complex), k, v, log_gate=lg)),
 ])
 def test_bad_input_names_the_argument(name, call):
@@ -270,3 +270,4 @@ def test_every_exponent_is_at_most_zero(form, monkeypatch):
     else:
         ssm.ssd_chunkwise(v, np.ones(70), -3.0, q, k, chunk_size=16, initial_state=np.ones((4, 3)))
     assert arguments and max(arguments) <= 0.0
+

@@ -11,6 +11,7 @@ from fixedstate import recall as rc
 from fixedstate.delta_rule import delta_rule_recurrent, gated_delta_rule_recurrent
 from fixedstate.linear_attention import identity_feature_map, linear_attention_recurrent
 from fixedstate.softmax_attention import softmax_attention
+from fixedstate.ssm import ssd_quadratic
 
 FAST = examples(40)
 
@@ -213,22 +214,61 @@ def test_batched_states_are_one_call_of_the_layer_with_a_batch_axis(mech):
     assert np.array_equal(twice[0], twice[1]) and rel(twice[2], states) < 1e-12
 
 
+def _layer_states(mech, keys, values, beta, gate, marks):
+    """The states after each mark from the layers' public forms, piece by piece from mark to mark."""
+    states, state, done = [], None, 0
+    for m in marks:
+        if m > done:
+            k, v = keys[:, done:m], values[:, done:m]
+            n = m - done
+            if mech == "linear":
+                _, state = linear_attention_recurrent(k, k, v, feature_map=identity_feature_map, normalize=False,
+                                                      initial_state=state)
+            elif mech == "delta":
+                _, state = delta_rule_recurrent(k, k, v, beta=np.full(n, beta), initial_state=state)
+            elif mech == "gated_delta":
+                _, state = gated_delta_rule_recurrent(k, k, v, beta=np.full(n, beta),
+                                                      log_gate=np.full(n, np.log(gate)), initial_state=state)
+            else:   # S <- gate S + k v^T: a Mamba-2 head with scalar decay log(gate), step 1, x = v, B = C = k
+                _, state = ssd_quadratic(v, np.ones(n), np.log(gate), k, k, initial_state=state)
+            done = m
+        states.append(state)
+    return states
+
+
 @FAST
 @given(mech=st.sampled_from(["linear", "delta", "gated_delta", "ssm"]), b=st.integers(1, 3),
        n=st.integers(1, 12), d_k=st.integers(1, 5), d_v=st.integers(1, 4), data=st.data())
-def test_capacity_states_are_the_layers_states_bit_for_bit(mech, b, n, d_k, d_v, data):
-    # capacity_curve's unchecked scan does the layers' arithmetic in their order: the same numbers
+def test_the_labs_states_are_the_layers_states_bit_for_bit(mech, b, n, d_k, d_v, data):
+    # batched_final_states (and capacity_curve, which shares its code) runs the layers' own scans of
+    # fixedstate.kernels without their reads: the states are the numbers the layers' public forms give
     marks = sorted(data.draw(st.lists(st.integers(1, n), min_size=1, max_size=4)))
     beta = data.draw(st.floats(0.05, 1.0))
     gate = data.draw(st.floats(0.05, 1.0))
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
     keys = np.stack([rc.make_keys(n, d_k, rng=rng) for _ in range(b)])
     values = rng.standard_normal((b, n, d_v))
-    want = rc.batched_final_states(mech, keys, values, beta=beta, gate=gate, checkpoints=marks)
-    got = rc._states_at(mech, keys, values, beta, gate, marks)
+    got = rc.batched_final_states(mech, keys, values, beta=beta, gate=gate, checkpoints=marks)
+    want = _layer_states(mech, keys, values, beta, gate, marks)
     assert len(got) == len(marks)
     for g, w in zip(got, want):
         assert np.array_equal(g, w)
+
+
+def test_the_capacity_curve_reads_the_states_of_batched_final_states():
+    # capacity_curve's accuracy at N comes from the memory batched_final_states gives after N pairs
+    ns = [2, 5, 9]
+    for mech in ("linear", "delta", "gated_delta", "ssm"):
+        curve = rc.capacity_curve(6, ns, mechanisms=(mech,), n_seeds=2, seed=3, beta=0.8, gate=0.7)
+        rng = np.random.default_rng(3)
+        keys = np.stack([rc.make_keys(9, 6, rng=rng) for _ in range(2)])
+        values = rng.standard_normal((2, 9, 6))
+        values /= np.linalg.norm(values, axis=2, keepdims=True)
+        states = rc.batched_final_states(mech, keys, values, beta=0.8, gate=0.7, checkpoints=ns)
+        for p, n in enumerate(ns):
+            recalled = keys[:, :n] @ states[p]
+            nearest = np.argmax(recalled @ values[:, :n].transpose(0, 2, 1), axis=2)
+            assert np.array_equal(curve.per_seed_accuracy[mech][:, p], np.mean(nearest == np.arange(n), axis=1))
 
 
 @pytest.mark.parametrize("passes, overlap", [(1, 0.2), (3, 0.2), (1, 0.0), (3, 0.0)])

@@ -71,7 +71,7 @@ def test_overlapping_sections_from_several_python_threads_keep_the_limit_and_res
 
     from fixedstate import _threads
     libs = [_FakeBLAS("a.so", 3), _FakeBLAS("b.so", 2)]
-    monkeypatch.setattr(_threads, "_scan", lambda: libs)
+    monkeypatch.setattr(_threads, "scan_libraries", lambda: libs)
     errors, start = [], threading.Barrier(4)
 
     def worker(n):
@@ -91,14 +91,14 @@ def test_overlapping_sections_from_several_python_threads_keep_the_limit_and_res
         w.join()
     assert errors == []
     assert [lib.threads for lib in libs] == [3, 2]
-    assert not _threads._active and not _threads._saved
+    assert not _threads.sections_running()
 
 
 def test_a_section_ending_while_another_runs_keeps_the_limit(monkeypatch):
     # A's section starts, B's starts, A's ends: B still runs with the limit; the count returns when B's ends
     from fixedstate import _threads
     libs = [_FakeBLAS("a.so", 4)]
-    monkeypatch.setattr(_threads, "_scan", lambda: libs)
+    monkeypatch.setattr(_threads, "scan_libraries", lambda: libs)
     a, b = _threads.blas_threads(1), _threads.blas_threads(1)
     a.__enter__()
     b.__enter__()

@@ -90,7 +90,7 @@ def test_one_token_forms_drop_the_token_axis_and_length_and_one_sequence_options
     lambda q, k, v, g: dr.gated_delta_rule_recurrent(q, k, v, beta=np.full(4, 0.5), log_gate=g),
     lambda q, k, v, g: gla.gla_recurrent(q, k, v, log_gate=np.broadcast_to(g[:, None], q.shape)),
     lambda q, k, v, g: fam.deltaproduct_recurrent(q, k[:, None], v[:, None], beta=np.full((4, 1), 0.5), log_gate=g),
-    lambda q, k, v, g: fam.rwkv7_recurrent(q, k, v, log_w=np.broadcast_to(g[:, None], q.shape), a=k, b=k),
+    lambda q, k, v, g: fam.rwkv7_recurrent(q, k, v, log_gate=np.broadcast_to(g[:, None], q.shape), a=k, b=k),
     lambda q, k, v, g: fam.longhorn_recurrent(q, k, v, beta=np.full(v.shape, 0.5)),
 ])
 def test_every_layer_that_uses_it_names_a_wrong_value_argument(call):

@@ -19,8 +19,9 @@ One module per idea, named after the chapter that explains it:
   activations, the short convolution, the MLP, the embedding).
 - :mod:`fixedstate.layers`: the layers as they ship (Gated DeltaNet as in Qwen3-Next,
   KDA as in Kimi Linear, the Mamba and Mamba-2 blocks), prefill and decode step.
-- :mod:`fixedstate.figures`: interactive figures that work with and without a kernel,
-  and each chapter's drawing code (``fixedstate.figures.delta_rule``, ...).
+- :mod:`fixedstate.figures`: interactive figures that work with and without a kernel
+  (the drawing engine, ``fixedstate.figures.engine``), and each chapter's drawing code
+  (``fixedstate.figures.delta_rule``, ...).
 - :mod:`fixedstate.timing`: the best-of-N timer and the measurements built on it.
 - :mod:`fixedstate.prose`: numbers for the prose, glued at the precision the text shows,
   and the one measure of agreement the chapters report (``max_relative_error``).
@@ -30,8 +31,8 @@ One module per idea, named after the chapter that explains it:
   (the cores' backward passes, ``*_backward``, sit beside their forward passes).
 - :mod:`fixedstate.kernels`: the internal layer under the cores, the array-level parts
   several modules share (the chunk machinery of the delta-rule family, the recorded
-  matrix products, the row softmax, the segment sums); no module reaches into another
-  module's private names.
+  matrix products, the unchecked scans the layers and the recall lab share, the row
+  softmax, the segment sums); no module reaches into another module's private names.
 
 Conventions (the notation appendix documents them once): sequences are arrays
 of shape ``(..., T, d)`` with one token per row and any leading batch and head

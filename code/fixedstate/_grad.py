@@ -3,14 +3,15 @@
 A forward pass broadcasts its inputs' leading axes together; the gradient with
 respect to an input that was broadcast is the sum over the axes it was broadcast
 along. :func:`sum_to` performs that sum, so that every gradient has the shape of
-its input.
+its input; :func:`time_major` lays a sequence out token by token for the reverse-time
+scans.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["sum_to"]
+__all__ = ["sum_to", "time_major"]
 
 
 def sum_to(grad: np.ndarray, shape: tuple) -> np.ndarray:

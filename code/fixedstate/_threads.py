@@ -52,8 +52,12 @@ _active = Counter()    # limit -> number of sections running with it
 _saved = {}            # library path -> its thread count before the first running section
 
 
-def _scan():
-    """The BLAS controllers, scanned again when a module has been imported since the last scan."""
+def scan_libraries():
+    """The BLAS controllers, scanned again when a module has been imported since the last scan.
+
+    Internal (outside ``__all__``): :func:`blas_threads` sets the counts of what it returns;
+    the tests put fake libraries in its place to watch the counts.
+    """
     global _libs, _modules_seen
     if len(sys.modules) != _modules_seen:
         _libs = list(ThreadpoolController().select(user_api="blas").lib_controllers)
@@ -64,7 +68,7 @@ def _scan():
 def _apply():
     """Set every library to min(saved count, smallest active limit), or back to its saved count."""
     target = min(_active) if _active else None
-    for lib in _scan():
+    for lib in scan_libraries():
         key = lib.filepath
         if target is None:
             if key in _saved:
@@ -112,6 +116,12 @@ def _leave(limit):
     if not _active[limit]:
         del _active[limit]
     _apply()
+
+
+def sections_running() -> bool:
+    """Whether a limited section is running, or a library's count is still kept to restore (internal)."""
+    with _lock:
+        return bool(_active) or bool(_saved)
 
 
 def one_blas_thread(fn):

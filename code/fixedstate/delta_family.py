@@ -43,7 +43,7 @@ from ._threads import one_blas_thread
 from ._validate import (Arg, as_float_array, check_interval, check_log_gate, check_positive_int, check_real_number,
                         prepare_layer_args)
 from .gated_linear_attention import gla_recurrent
-from .kernels import (GROUP_BYTES, block_view, chunk_grid, delta_chunks, flat, levels, split_chunks,
+from .kernels import (block_view, chunk_grid, chunks_per_group, delta_chunks, flat, levels, split_chunks,
                       unit_lower_inverse)
 
 __all__ = [
@@ -186,20 +186,20 @@ def deltaproduct_chunkwise(q, k, v, *, beta, log_gate=None, scale=1.0, initial_s
 
 # --------------------------------------------------------------------------- RWKV-7
 
-def _prepare_rwkv7(q, k, v, log_w, a, b, scale, initial_state, *, tokens=True):
+def _prepare_rwkv7(q, k, v, log_gate, a, b, scale, initial_state, *, tokens=True):
     lead, arrays, initial_state, scale = prepare_layer_args(
         [Arg("q", q, ("T", "d_k")), Arg("k", k, ("T", "d_k")), Arg("v", v, ("T", "d_v")),
-         Arg("log_w", log_w, ("T", "d_k"), lambda x: check_log_gate(x, "log_w"), allow_nonfinite=True),
+         Arg("log_gate", log_gate, ("T", "d_k"), lambda x: check_log_gate(x, "log_gate"), allow_nonfinite=True),
          Arg("a", a, ("T", "d_k")), Arg("b", b, ("T", "d_k"))],
         initial_state=initial_state, scale=scale, tokens=tokens)
     return (lead, *arrays, initial_state, scale)
 
 
-def rwkv7_step(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None):
+def rwkv7_step(q, k, v, *, log_gate, a, b, scale=1.0, initial_state=None):
     """One RWKV-7 token, ``eq-fam-rwkv7``: ``S_t = Diag(w_t) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T``.
 
     The transition ``M_t = Diag(w_t) + b_t a_t^T`` is diagonal plus rank one;
-    ``w_t = exp(log_w_t)`` (log-decays <= 0, one per key channel); the readout
+    ``w_t = exp(log_gate_t)`` (log-decays <= 0, one per key channel); the readout
     is ``o_t = scale * S_t^T q_t`` (``q`` is RWKV's receptance ``r``). The
     paper (RWKV-7 "Goose", Peng et al. 2025, its generalised delta rule) writes
     the state as ``(d_v, d_k)``, ``S_t = S_{t-1} (diag(w_t) - kappa_t^T (a_t o kappa_t)) + v_t^T k~_t``
@@ -209,19 +209,19 @@ def rwkv7_step(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None):
     ``b = kappa_t o a_t`` (paper's ``a``) and ``k = k~_t``. Both ``a``, ``b``
     and the transition act on the *undecayed* ``S_{t-1}``, as in the paper's
     reference kernel (whose arguments are also called ``a``, ``b``).
-    The gated delta rule is the choice ``log_w = log g`` on every channel,
+    The gated delta rule is the choice ``log_gate = log g`` on every channel,
     ``a = -k``, ``b = g beta k`` and key ``beta k``.
 
     Parameters
     ----------
-    q, k, log_w, a, b : (..., d_k). v : (..., d_v).
+    q, k, log_gate, a, b : (..., d_k). v : (..., d_v).
     scale : readout scale. initial_state : (..., d_k, d_v) or None (zeros).
 
     Returns
     -------
     o : (..., d_v). state : (..., d_k, d_v).
     """
-    lead, q, k, v, lw, a, b, S, scale = _prepare_rwkv7(q, k, v, log_w, a, b, scale, initial_state, tokens=False)
+    lead, q, k, v, lw, a, b, S, scale = _prepare_rwkv7(q, k, v, log_gate, a, b, scale, initial_state, tokens=False)
     if S is None:
         S = np.zeros(lead + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
     read = np.matmul(a[..., None, :], S)[..., 0, :]                          # a^T S_{t-1}, (..., d_v)
@@ -231,12 +231,12 @@ def rwkv7_step(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None):
 
 
 @one_blas_thread
-def _rwkv7_scan(q, k, v, log_w, a, b, S, scale):
+def _rwkv7_scan(q, k, v, log_gate, a, b, S, scale):
     B, T, d_k = q.shape
     d_v = v.shape[-1]
     dtype = q.dtype
     S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
-    w = np.exp(log_w)[..., None]
+    w = np.exp(log_gate)[..., None]
     out = np.empty((B, T, d_v), dtype=dtype)
     for t in range(T):
         read = np.matmul(a[:, t, None, :], S)[:, 0]                           # a_t^T S_{t-1}
@@ -249,14 +249,14 @@ def _rwkv7_scan(q, k, v, log_w, a, b, S, scale):
     return out, S
 
 
-def rwkv7_recurrent(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None):
+def rwkv7_recurrent(q, k, v, *, log_gate, a, b, scale=1.0, initial_state=None):
     """RWKV-7's generalised delta rule over a sequence (``eq-fam-rwkv7``), token by token.
 
-    As :func:`rwkv7_step` for every token: ``q, k, log_w, a, b`` (..., T, d_k),
+    As :func:`rwkv7_step` for every token: ``q, k, log_gate, a, b`` (..., T, d_k),
     ``v`` (..., T, d_v), ``initial_state`` (..., d_k, d_v) or None. Returns the
     outputs (..., T, d_v) and the final state.
     """
-    lead, q, k, v, lw, a, b, S, scale = _prepare_rwkv7(q, k, v, log_w, a, b, scale, initial_state)
+    lead, q, k, v, lw, a, b, S, scale = _prepare_rwkv7(q, k, v, log_gate, a, b, scale, initial_state)
     T, d_v = q.shape[-2], v.shape[-1]
     out, S = _rwkv7_scan(*(flat(x, lead, 2) for x in (q, k, v, lw, a, b, S)), scale)
     return out.reshape(lead + (T, d_v)), S.reshape(lead + S.shape[1:])
@@ -347,11 +347,11 @@ def _rwkv7_group(qc, kc, vc, ac, bc, w, S):
 
 
 @one_blas_thread
-def rwkv7_chunks(q, k, v, log_w, a, b, S, scale, chunk_size, *, group_bytes=None):
+def rwkv7_chunks(q, k, v, log_gate, a, b, S, scale, chunk_size, *, group_bytes=None):
     """The kernel of :func:`rwkv7_chunkwise` on flattened arrays (``eq-fam-rwkv7-chunk-u``,
     ``eq-fam-rwkv7-chunk-out``, ``eq-fam-rwkv7-chunk-state``), one BLAS thread.
 
-    ``q, k, log_w, a, b``: (B, T, d_k); ``v``: (B, T, d_v); ``S``: (B, d_k, d_v) or None
+    ``q, k, log_gate, a, b``: (B, T, d_k); ``v``: (B, T, d_v); ``S``: (B, d_k, d_v) or None
     (zeros); ``chunk_size`` an integer >= 1. No validation: :func:`rwkv7_chunkwise`
     validates, flattens the leading axes and calls it (it is not in ``__all__``).
     Returns the outputs (B, T, d_v), times ``scale``, and the final state.
@@ -373,12 +373,10 @@ def rwkv7_chunks(q, k, v, log_w, a, b, S, scale, chunk_size, *, group_bytes=None
 
     # Padding tokens have q = k = v = a = b = 0 and decay 1: they leave the state unchanged.
     qc, kc, vc, ac, bc = (chunks(x) for x in (q, k, v, a, b))
-    w = chunks(np.exp(log_w), fill=1.0)              # per-token decays, exponents <= 0
+    w = chunks(np.exp(log_gate), fill=1.0)              # per-token decays, exponents <= 0
     S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
     out = np.empty((B, n, C2, d_v), dtype=dtype)
-    group_bytes = GROUP_BYTES if group_bytes is None else group_bytes
-    group_tokens = max(C2, group_bytes // (max(d_k, d_v) * dtype.itemsize))
-    group = max(1, group_tokens // (C2 * B))                          # consecutive chunks per group
+    group = chunks_per_group(C2, max(d_k, d_v), dtype.itemsize, sequences=B, group_bytes=group_bytes)
     for g0 in range(0, n, group):
         sl = slice(g0, min(n, g0 + group))
         out[:, sl] = _rwkv7_group(qc[:, sl], kc[:, sl], vc[:, sl], ac[:, sl], bc[:, sl], w[:, sl], S)
@@ -388,7 +386,7 @@ def rwkv7_chunks(q, k, v, log_w, a, b, S, scale, chunk_size, *, group_bytes=None
     return np.ascontiguousarray(outputs), S
 
 
-def rwkv7_chunkwise(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None, chunk_size=64):
+def rwkv7_chunkwise(q, k, v, *, log_gate, a, b, scale=1.0, initial_state=None, chunk_size=64):
     """RWKV-7's generalised delta rule in chunkwise-parallel form (``eq-fam-rwkv7-chunk-u``,
     ``eq-fam-rwkv7-chunk-out``, ``eq-fam-rwkv7-chunk-state``).
 
@@ -398,12 +396,12 @@ def rwkv7_chunkwise(q, k, v, *, log_w, a, b, scale=1.0, initial_state=None, chun
     ``u_r = S_{r-1}^T a_r`` solve a unit lower-triangular system (a UT transform, as
     the delta rule's ``eq-dr-ut``); outputs and the chunk-end state follow by matrix
     products. Decays between positions of a chunk are products of the per-token
-    decays ``exp(log_w) <= 1`` built level by level over halves of the chunk, so no
+    decays ``exp(log_gate) <= 1`` built level by level over halves of the chunk, so no
     exponent is ever positive and no decay is divided. The leading axes are
     processed inside the same matrix products; the products run with one BLAS thread.
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
-    lead, q, k, v, lw, a, b, S, scale = _prepare_rwkv7(q, k, v, log_w, a, b, scale, initial_state)
+    lead, q, k, v, lw, a, b, S, scale = _prepare_rwkv7(q, k, v, log_gate, a, b, scale, initial_state)
     T, d_v = q.shape[-2], v.shape[-1]
     out, S = rwkv7_chunks(*(flat(x, lead, 2) for x in (q, k, v, lw, a, b, S)), scale, chunk_size)
     return out.reshape(lead + (T, d_v)), S.reshape(lead + S.shape[1:])

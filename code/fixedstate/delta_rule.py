@@ -67,6 +67,7 @@ import numpy as np
 from scipy.linalg import solve_triangular
 from scipy.special import expit
 
+from ._grad import sum_to, time_major
 from ._validate import (Arg, as_float_array, as_float_batch, broadcast_leading, check_interval, check_log_gate,
                         check_positive_int, float_dtype, prepare_layer_args)
 from .kernels import delta_chunks, delta_scan, delta_step, flat
@@ -77,6 +78,7 @@ __all__ = [
     "delta_rule_chunkwise", "gated_delta_rule_chunkwise", "kda_chunkwise",
     "gated_delta_rule_loop", "gated_delta_rule_chunk", "kda_loop",
     "kda_log_gate", "additive_step", "erase_factor",
+    "gated_delta_rule_backward", "delta_rule_backward", "kda_backward",
 ]
 
 
@@ -409,11 +411,6 @@ def kda_chunkwise(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None, chu
 #     dS_t = scale * q_t do_t^T + G_{t+1} (I - beta_{t+1} k_{t+1} k_{t+1}^T) dS_{t+1}
 #
 # and each token reads its gradients off dS_t (the derivation is in chapter 9).
-
-from ._grad import sum_to, time_major  # noqa: E402  (kept here so that the section stands alone)
-
-__all__ += ["gated_delta_rule_backward", "delta_rule_backward", "kda_backward"]
-
 
 def _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, gate):
     """The reverse-time scan shared by the delta-rule backward passes; returns the six gradients."""

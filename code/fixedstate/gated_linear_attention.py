@@ -12,7 +12,7 @@ the decay scales the *rows* of ``S``, the same per-channel decay as Kimi Delta
 Attention (:mod:`fixedstate.delta_rule`) but without the delta correction. Its
 special cases and relatives, in the book's orientation:
 
-- **RetNet** (Sun et al. 2023): one decay ``gamma = exp(log_decay)`` per head,
+- **RetNet** (Sun et al. 2023): one decay ``gamma = exp(log_gate)`` per head,
   constant in time: ``S_t = gamma S_{t-1} + k_t v_t^T``. It is GLA with the gate
   broadcast over the channels and the tokens (:func:`retnet_recurrent`,
   :func:`retnet_chunkwise` are thin wrappers that do exactly that).
@@ -66,7 +66,7 @@ import numpy as np
 from ._threads import one_blas_thread
 from ._validate import (Arg, as_float_array, as_float_batch, check_log_gate, check_positive_int, float_dtype,
                         prepare_layer_args)
-from .kernels import GROUP_BYTES   # the group size of every chunked form
+from .kernels import chunks_per_group  # the one formula for the size of a group of chunks
 from .kernels import chunk_decays  # KDA's overflow-safe per-channel pair products, shared with GLA
 from .kernels import flat          # merges the leading axes into one
 from .kernels import split_chunks  # the chunks of a sequence, padded with tokens that change nothing
@@ -207,14 +207,24 @@ def gla_chunk(q, k, v, *, log_gate, scale=1.0, initial_state=None):
 # --------------------------------------------------------------------------- chunkwise form
 
 # The intra-chunk work runs over groups of consecutive chunks whose (tokens x d) arrays take
-# about kernels.GROUP_BYTES, so that the level-by-level pair products stay in the processor's
-# cache (the result does not depend on the size; kernels.py says how the delta rule's groups
-# of the same size are counted).
+# about kernels.GROUP_BYTES (kernels.chunks_per_group, the delta rule's formula), so that the
+# level-by-level pair products stay in the processor's cache; the result does not depend on it.
 
 
 @one_blas_thread
-def _chunkwise(q, k, v, log_gate, S, scale, chunk_size):
-    """q, k, log_gate: (B, T, d_k); v: (B, T, d_v); S: (B, d_k, d_v) or None."""
+def gla_chunks(q, k, v, log_gate, S, scale, chunk_size, *, group_bytes=None):
+    """The kernel of :func:`gla_chunkwise` on flattened arrays (``eq-fam-gla-chunk-out``,
+    ``eq-fam-gla-chunk-state``), one BLAS thread.
+
+    ``q, k, log_gate``: (B, T, d_k); ``v``: (B, T, d_v); ``S``: (B, d_k, d_v) or None
+    (zeros); ``chunk_size`` an integer >= 1. No validation: :func:`gla_chunkwise`
+    validates, flattens the leading axes and calls it (it is not in ``__all__``).
+    Returns the outputs (B, T, d_v), times ``scale``, and the final state. The chunks
+    of all B sequences go through the pair products in groups of
+    :func:`fixedstate.kernels.chunks_per_group` chunks (``group_bytes``, default
+    :data:`fixedstate.kernels.GROUP_BYTES`); the result does not depend on the group
+    size (the tests pass small ones).
+    """
     B, T, d_k = k.shape
     d_v = v.shape[-1]
     dtype = q.dtype
@@ -233,7 +243,7 @@ def _chunkwise(q, k, v, log_gate, S, scale, chunk_size):
     out = np.empty((N, C2, d_v), dtype=dtype)
     local = np.empty((N, d_k, d_v), dtype=dtype)
     gamma = np.empty((N, C2, d_k), dtype=dtype)
-    group = max(1, GROUP_BYTES // (C2 * max(d_k, d_v) * dtype.itemsize))
+    group = chunks_per_group(C2, max(d_k, d_v), dtype.itemsize, group_bytes=group_bytes)   # chunks per group
     for g0 in range(0, N, group):
         g = slice(g0, min(N, g0 + group))
         m = g.stop - g0
@@ -276,7 +286,7 @@ def gla_chunkwise(q, k, v, *, log_gate, scale=1.0, initial_state=None, chunk_siz
     positive, however strong the decays.
     """
     chunk_size = check_positive_int(chunk_size, "chunk_size")
-    return _run(_chunkwise, q, k, v, log_gate, scale, initial_state, chunk_size)
+    return _run(gla_chunks, q, k, v, log_gate, scale, initial_state, chunk_size)
 
 
 # --------------------------------------------------------------------------- special cases and relatives
@@ -299,35 +309,35 @@ def _broadcast_gate(q, k, v, log_gate, name, *, per_token):
 def retnet_log_decays(n_heads):
     """RetNet's fixed per-head log-decays ``log(1 - 2^(-5 - h))``, ``h = 0, ..., n_heads - 1`` (``eq-fam-retnet``).
 
-    Returns a float64 array (n_heads,), to pass as ``log_decay``.
+    Returns a float64 array (n_heads,), to pass as ``log_gate``.
     """
     n_heads = check_positive_int(n_heads, "n_heads")
     return np.log1p(-np.exp2(-5.0 - np.arange(n_heads)))
 
 
-def retnet_recurrent(q, k, v, *, log_decay, scale=1.0, initial_state=None):
+def retnet_recurrent(q, k, v, *, log_gate, scale=1.0, initial_state=None):
     """RetNet's retention, recurrent form (``eq-fam-retnet``).
 
     ``S_t = gamma S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
 
-    ``gamma = exp(log_decay)``, one number per head, constant in time:
-    ``log_decay`` is a number or an array ``<= 0`` whose shape broadcasts
+    ``gamma = exp(log_gate)``, one number per head, constant in time:
+    ``log_gate`` is a number or an array ``<= 0`` whose shape broadcasts
     against the leading axes (``(H,)`` when they are ``(batch, H)``; see
     :func:`retnet_log_decays`). It is :func:`gla_recurrent` with the gate
     broadcast over tokens and channels. Other arguments and the results as
     :func:`gla_recurrent`. (RetNet's group norm and swish gate are outside the
     recurrence and not included.)
     """
-    g = _broadcast_gate(q, k, v, log_decay, "log_decay", per_token=False)
+    g = _broadcast_gate(q, k, v, log_gate, "log_gate", per_token=False)
     return gla_recurrent(q, k, v, log_gate=g, scale=scale, initial_state=initial_state)
 
 
-def retnet_chunkwise(q, k, v, *, log_decay, scale=1.0, initial_state=None, chunk_size=64):
+def retnet_chunkwise(q, k, v, *, log_gate, scale=1.0, initial_state=None, chunk_size=64):
     """RetNet's retention in chunkwise form: :func:`gla_chunkwise` with the scalar gate broadcast (``eq-fam-retnet``).
 
     Arguments as :func:`retnet_recurrent`, plus ``chunk_size``.
     """
-    g = _broadcast_gate(q, k, v, log_decay, "log_decay", per_token=False)
+    g = _broadcast_gate(q, k, v, log_gate, "log_gate", per_token=False)
     return gla_chunkwise(q, k, v, log_gate=g, scale=scale, initial_state=initial_state, chunk_size=chunk_size)
 
 
@@ -351,12 +361,12 @@ def hgrn2_chunkwise(q, v, *, log_gate, scale=1.0, initial_state=None, chunk_size
                          chunk_size=chunk_size)
 
 
-def mlstm_recurrent(q, k, v, *, log_forget, log_input, scale=1.0, initial_state=None):
+def mlstm_recurrent(q, k, v, *, log_gate, log_input, scale=1.0, initial_state=None):
     """The mLSTM cell without its max-stabiliser, as GLA with a normaliser column (``eq-fam-mlstm``).
 
     ``S_t = f_t S_{t-1} + i_t k_t v_t^T``, ``n_t = f_t n_{t-1} + i_t k_t`` and
     ``o_t = scale * S_t^T q_t / max(|n_t^T q_t|, 1)``, with the forget gate
-    ``f_t = exp(log_forget_t)`` (``log_forget <= 0``, (..., T)) and the
+    ``f_t = exp(log_gate_t)`` (``log_gate <= 0``, (..., T)) and the
     exponential input gate ``i_t = exp(log_input_t)`` ((..., T), any sign: it
     is not bounded, which is why the paper adds a stabiliser; keep it moderate
     here). The state returned is ``(..., d_k, d_v + 1)``, its last column
@@ -364,7 +374,7 @@ def mlstm_recurrent(q, k, v, *, log_forget, log_input, scale=1.0, initial_state=
     ``initial_state`` likewise. (The paper's output gate and ``1/sqrt(d_k)`` key
     scale are outside the recurrence: pass scaled keys.)
     """
-    g = _broadcast_gate(q, k, v, log_forget, "log_forget", per_token=True)
+    g = _broadcast_gate(q, k, v, log_gate, "log_gate", per_token=True)
     ka = as_float_batch(k, "k", (None, None), ("T", "d_k"))
     li = as_float_batch(log_input, "log_input", (ka.shape[-2],), ("T",))
     va = as_float_batch(v, "v", (None, None), ("T", "d_v"))

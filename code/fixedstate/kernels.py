@@ -16,10 +16,14 @@ and trusts them. What lives here is what more than one module needs:
   also RWKV-7's), the chunk-to-chunk state pass (:func:`state_pass`) and
   the chunkwise driver (:func:`delta_chunks`, which DeltaProduct reuses), with the
   one-token and token-scan forms beside it (:func:`delta_step`, :func:`delta_scan`);
+- the unchecked scans that a layer and the recall lab's memories share: :func:`delta_scan`,
+  linear attention's :func:`additive_scan`, and :func:`ssd_state`, the state a scalar-decay
+  state-space head leaves, in matrix form (each can return the states at several prefixes);
 - every matrix product of the chunkwise delta rule (:func:`matmul`,
   :func:`matmul_add`), which :func:`recording_products` can record (the product
   counts and the replay of :mod:`fixedstate.timing`);
-- the group size of the chunked forms (:data:`GROUP_BYTES`, :data:`RANGE_BYTES`);
+- the group size of the chunked forms (:data:`GROUP_BYTES`, :data:`RANGE_BYTES`) and the one
+  formula that turns it into chunks (:func:`chunks_per_group`);
 - :func:`flat`, which merges leading axes; the softmax attention's
   :func:`row_softmax` and :func:`softmax_scale`; the SSM's :func:`segment_sums` and
   the pair scan :func:`scan_pairs` behind :func:`fixedstate.ssm.associative_scan`.
@@ -45,8 +49,9 @@ from ._validate import as_float_array
 __all__ = [
     "flat", "chunk_grid", "split_chunks", "levels", "block_view", "chunk_decays", "unit_lower_inverse",
     "matmul", "matmul_add", "recording_products",
-    "GROUP_BYTES", "RANGE_BYTES",
-    "scalar_prep", "kda_prep", "state_pass", "delta_chunks", "delta_step", "delta_scan",
+    "GROUP_BYTES", "RANGE_BYTES", "chunks_per_group",
+    "scalar_prep", "kda_prep", "state_pass", "delta_chunks", "delta_step", "delta_scan", "additive_scan",
+    "ssd_state",
     "row_softmax", "softmax_scale", "segment_sums", "scan_pairs",
 ]
 
@@ -86,42 +91,109 @@ def delta_step(q, k, v, beta, log_gate, S, scale, channelwise):
 
 
 @one_blas_thread
-def delta_scan(q, k, v, beta, log_gate, S, scale, channelwise):
+def delta_scan(q, k, v, beta, log_gate, S, scale, channelwise, *, marks=None):
     """The delta rule's scan over tokens (``eq-dr-gated``, ``eq-dr-kda``, ``eq-dr-readout``), one BLAS thread.
 
     ``q, k``: (B, T, d_k); ``v``: (B, T, d_v); ``beta``: (B, T); ``log_gate``: (B, T),
     (B, T, d_k) if ``channelwise``, or None; ``S``: (B, d_k, d_v) or None (zeros).
     Returns the outputs (B, T, d_v), times ``scale``, and the final state.
+
+    ``q`` None makes no readouts (the outputs are None): a memory written and not
+    read, as the recall lab's capacity curves write it. ``marks``, sorted token counts
+    in ``[0, T]`` (repeats allowed), returns instead of the final state the list of
+    the states after that many tokens (copies): one scan gives every prefix.
+    The public forms of :mod:`fixedstate.delta_rule` and :mod:`fixedstate.recall`
+    both call it, so their states are the same numbers.
     """
     B, T, d_k = k.shape
     d_v = v.shape[-1]
-    dtype = q.dtype
+    dtype = k.dtype
     S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
     beta_keys = beta[..., None] * k
     if log_gate is not None:
         decays = np.exp(log_gate)                                      # exponents <= 0
         decays = decays[..., None] if channelwise else decays[..., None, None]
-    outputs = np.empty((B, T, d_v), dtype=dtype)
+    outputs = None if q is None else np.empty((B, T, d_v), dtype=dtype)
+    taken, states = _mark_taker(marks, S)
+    taken(0)
     if B == 1:  # one sequence: plain vector-matrix products are the fastest
-        S2, q2, k2, v2, bk2, out2 = S[0], q[0], k[0], v[0], beta_keys[0], outputs[0]
+        S2, k2, v2, bk2 = S[0], k[0], v[0], beta_keys[0]
+        q2, out2 = (None, None) if q is None else (q[0], outputs[0])
         d2 = None if log_gate is None else decays[0]
         for t in range(T):
             if d2 is not None:
                 S2 *= d2[t]
             error = v2[t] - k2[t] @ S2
             S2 += np.multiply.outer(bk2[t], error)
-            out2[t] = q2[t] @ S2
+            if q2 is not None:
+                out2[t] = q2[t] @ S2
+            taken(t + 1)
     else:
         for t in range(T):
             if log_gate is not None:
                 S *= decays[:, t]
             error = v[:, t] - np.matmul(k[:, t, None, :], S)[:, 0]
             S += beta_keys[:, t, :, None] * error[:, None, :]
-            outputs[:, t] = np.matmul(q[:, t, None, :], S)[:, 0]
-    if scale != 1.0:
+            if q is not None:
+                outputs[:, t] = np.matmul(q[:, t, None, :], S)[:, 0]
+            taken(t + 1)
+    if outputs is not None and scale != 1.0:
         outputs *= dtype.type(scale)
-    return outputs, S
+    return outputs, (S if marks is None else states)
 
+
+def additive_scan(q, k, v, S, *, marks=None):
+    """Linear attention's scan, ``S_t = S_{t-1} + k_t v_t^T`` and the read ``S_t^T q_t`` (``eq-la-recurrent``).
+
+    ``q, k``: (..., T, r), the feature maps already applied (``q`` None: no reads);
+    ``v``: (..., T, w); ``S``: (..., r, w) or None (zeros); the leading axes broadcast
+    together. Returns the reads
+    (..., T, w) (None without ``q``) and the final state, or with ``marks`` (sorted
+    token counts in ``[0, T]``) the list of the states after that many tokens.
+    :func:`fixedstate.linear_attention.linear_attention_recurrent` and the recall
+    lab's additive memory both call it.
+    """
+    T, width = v.shape[-2], v.shape[-1]
+    lead = np.broadcast_shapes(*(x.shape[:-2] for x in (q, k, v, S) if x is not None))
+    state = np.zeros(lead + (k.shape[-1], width), dtype=v.dtype) if S is None else S.copy()
+    reads = None if q is None else np.empty(lead + (T, width), dtype=v.dtype)
+    taken, states = _mark_taker(marks, state)
+    taken(0)
+    for t in range(T):
+        state += k[..., t, :, None] * v[..., t, None, :]                  # S_t = S_{t-1} + k_t v_t^T
+        if q is not None:
+            reads[..., t, :] = (q[..., t, None, :] @ state)[..., 0, :]    # S_t^T q_t
+        taken(t + 1)
+    return reads, (state if marks is None else states)
+
+
+def _mark_taker(marks, state):
+    """``(take, states)``: ``take(n)`` appends a copy of ``state`` to ``states`` once for each mark equal to n."""
+    states = []
+    if marks is None:
+        return (lambda n: None), states
+    pending = list(marks)[::-1]
+
+    def take(n):
+        while pending and pending[-1] == n:
+            states.append(state.copy())
+            pending.pop()
+    return take, states
+
+
+def ssd_state(log_gate, B, V, S):
+    """The state a scalar-decay state-space head leaves after ``T`` tokens, in matrix form (``eq-ssm-ssd-matrix``).
+
+    ``S_T = Gamma_T S_0 + sum_s L[T-1, s] B_s V_s^T`` with ``L[t, s] = exp(sum_{r=s+1}^{t}
+    log_gate_r)`` (:func:`segment_sums`) and ``Gamma_T = exp(sum_r log_gate_r)``: the
+    last row of :func:`fixedstate.ssm.ssd_quadratic`'s decay mask, formed as it forms
+    it. ``log_gate``: (..., T) (``a * delta`` in the chapter's notation); ``B``:
+    (..., T, N); ``V``: (..., T, P) (``delta * x``); ``S``: (..., N, P). Returns (..., N, P).
+    """
+    T = log_gate.shape[-1]
+    last_row = np.where(np.tri(T, dtype=bool), np.exp(segment_sums(log_gate)), 0.0)[..., -1, :]
+    decay = np.exp(np.cumsum(log_gate, axis=-1))[..., -1]
+    return decay[..., None, None] * S + np.swapaxes(B, -1, -2) @ (last_row[..., :, None] * V)
 
 
 # --------------------------------------------------------------------------- the chunk machinery
@@ -455,15 +527,27 @@ def state_pass(q, k, v, beta, qk, ut, gamma, to_end, S, channelwise):
 # result depends on neither size.
 #
 # GROUP_BYTES is the one group size of every chunked form (the delta rule's, RWKV-7's in
-# delta_family, GLA's). They count it in two ways, which agree for one sequence:
-# delta_chunks and RWKV-7's driver take group_tokens = max(C, GROUP_BYTES // (d * itemsize))
-# tokens (d = max(d_k, d_v), C the padded chunk size) and place the sequences of the batch
-# side by side in it (group_tokens // (C * sequences) consecutive chunks, at least one);
-# GLA has flattened the batch and the chunks into one axis of B * n chunks before its
-# groups are cut, so it takes max(1, GROUP_BYTES // (C * d * itemsize)) of them, which is
-# group_tokens // C. Either way a group's (tokens x d) arrays take about GROUP_BYTES.
+# delta_family, GLA's), and chunks_per_group the one formula that turns it into a number of
+# chunks: group_tokens = max(C, GROUP_BYTES // (d * itemsize)) tokens (d = max(d_k, d_v), C
+# the padded chunk size), shared by the sequences placed side by side in a group.
 GROUP_BYTES = 256 * 1024
 RANGE_BYTES = 8 * 1024 * 1024
+
+
+def chunks_per_group(chunk, width, itemsize, *, sequences=1, group_bytes=None):
+    """How many consecutive chunks go into one group: at least one, and about ``group_bytes`` in all.
+
+    A group holds ``sequences`` sequences side by side, each with the same consecutive
+    chunks of ``chunk`` tokens whose rows are ``width`` numbers of ``itemsize`` bytes
+    (``width = max(d_k, d_v)``). Its tokens number ``max(chunk, group_bytes // (width *
+    itemsize))`` (at least one chunk; ``group_bytes`` defaults to :data:`GROUP_BYTES`),
+    split among the sequences: ``max(1, tokens // (chunk * sequences))`` chunks each. With
+    ``sequences=1`` it is also how many sequences of one chunk fit side by side. Every
+    chunked form (:func:`delta_chunks`, GLA's, RWKV-7's) sizes its groups with it.
+    """
+    group_bytes = GROUP_BYTES if group_bytes is None else group_bytes
+    tokens = max(chunk, group_bytes // (width * itemsize))
+    return max(1, tokens // (chunk * sequences))
 
 
 def chunk_grid(T, chunk_size):
@@ -511,7 +595,6 @@ def delta_chunks(q, k, v, beta, log_gate, S, scale, chunk_size, channelwise, *, 
     :data:`RANGE_BYTES`) size the groups of chunks processed together; the result
     does not depend on them (the tests pass small ones to cross many groups).
     """
-    group_bytes = GROUP_BYTES if group_bytes is None else group_bytes
     range_bytes = RANGE_BYTES if range_bytes is None else range_bytes
     B, T, d_k = k.shape
     d_v = v.shape[-1]
@@ -531,12 +614,12 @@ def delta_chunks(q, k, v, beta, log_gate, S, scale, chunk_size, channelwise, *, 
 
     S = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.copy()
     out = np.empty((B, n, C2, d_v), dtype=dtype)
-    group_tokens = max(C2, group_bytes // (max(d_k, d_v) * dtype.itemsize))
-    per_block = max(1, group_tokens // C2)                          # sequences side by side
+    width, item = max(d_k, d_v), dtype.itemsize
+    per_block = chunks_per_group(C2, width, item, group_bytes=group_bytes)   # sequences side by side
     for i0 in range(0, B, per_block):
         items = slice(i0, min(B, i0 + per_block))
         m = items.stop - i0
-        group = max(1, group_tokens // (C2 * m))                    # consecutive chunks
+        group = chunks_per_group(C2, width, item, sequences=m, group_bytes=group_bytes)   # consecutive chunks
         span = group * max(1, range_bytes // (group * m * C2 * C2 * dtype.itemsize))
         S_items = S[items]
         for r0 in range(0, n, span):

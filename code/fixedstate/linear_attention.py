@@ -37,7 +37,7 @@ import numpy as np
 from ._grad import sum_to, time_major
 from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_dim, check_log_gate,
                         check_positive_int, check_real_number, check_same_length, float_dtype)
-from .kernels import row_softmax, softmax_scale
+from .kernels import additive_scan, row_softmax, softmax_scale
 
 __all__ = [
     "elu_plus_one",
@@ -222,12 +222,8 @@ def linear_attention_recurrent(q, k, v, *, feature_map=elu_plus_one, normalize=T
     lead, phi_q, phi_k, v, s0, eps, scale = _prepare(q, k, v, feature_map, normalize, eps, scale,
                                                      initial_state)
     v = _with_ones(v, normalize)
-    r, width, T = phi_k.shape[-1], v.shape[-1], v.shape[-2]
-    state = np.zeros(lead + (r, width), dtype=v.dtype) if s0 is None else s0.copy()
-    numerator = np.empty(lead + (T, width), dtype=v.dtype)
-    for t in range(T):
-        state += phi_k[..., t, :, None] * v[..., t, None, :]              # S_t = S_{t-1} + phi(k_t) v_t^T
-        numerator[..., t, :] = (phi_q[..., t, None, :] @ state)[..., 0, :]  # S_t^T phi(q_t)
+    # S_t = S_{t-1} + phi(k_t) v_t^T and the read S_t^T phi(q_t), token by token (fixedstate.kernels)
+    numerator, state = additive_scan(phi_q, phi_k, v, s0)
     return _readout(numerator, normalize, eps, scale), state
 
 

@@ -65,9 +65,10 @@ from ._validate import as_float_array, check_dim, check_interval, check_positive
 from .blocks import embedding
 from .delta_rule import delta_rule_recurrent, gated_delta_rule_recurrent
 from .linear_attention import identity_feature_map, linear_attention_recurrent
-from .kernels import row_softmax, segment_sums
+from .kernels import additive_scan, delta_scan, row_softmax, ssd_state
+from .layer_ids import DELTA, GATED_DELTA, LINEAR, SOFTMAX, SSM, check_layer_id
 from .softmax_attention import KVCache, softmax_attention, softmax_attention_step
-from .ssm import selective_scan_sequential, ssd_quadratic
+from .ssm import selective_scan_sequential
 
 __all__ = [
     "MECHANISMS",
@@ -97,10 +98,10 @@ __all__ = [
     "lab_update",
 ]
 
-MECHANISMS = ("softmax", "linear", "delta", "gated_delta", "ssm")
-"""The memories compared in the chapter, in the order the figures show them."""
+MECHANISMS = (SOFTMAX, LINEAR, DELTA, GATED_DELTA, SSM)
+"""The memories compared in the chapter (ids of :mod:`fixedstate.layer_ids`), in the order the figures show them."""
 
-FIXED_STATE = ("linear", "delta", "gated_delta", "ssm")
+FIXED_STATE = (LINEAR, DELTA, GATED_DELTA, SSM)
 
 
 # ----------------------------------------------------------------------------
@@ -118,9 +119,7 @@ def _rng(rng):
 
 
 def _mechanism(mechanism) -> str:
-    if mechanism not in MECHANISMS:
-        raise ValueError(f"mechanism: expected one of {MECHANISMS}, got {mechanism!r}")
-    return mechanism
+    return check_layer_id(mechanism, MECHANISMS, "mechanism")
 
 
 def _overlap(overlap) -> float:
@@ -434,13 +433,15 @@ def batched_final_states(mechanism, keys, values, *, beta=1.0, gate=0.9, checkpo
     ``(B, d_k, d_v)`` after all ``N`` writes or, with ``checkpoints`` (a sorted
     list of prefix lengths), a list of such states, one after each prefix.
     The writes are those of :func:`write_memory` (``eq-rc-additive``,
-    ``eq-rc-delta``, ``eq-rc-gated``, ``eq-rc-ssm``), made by the same layers with
-    the batch as a leading axis, except the SSM memory: its recurrence
+    ``eq-rc-delta``, ``eq-rc-gated``, ``eq-rc-ssm``), made by the scans of the same
+    layers (:mod:`fixedstate.kernels`) with the batch as a leading axis, once over
+    the sequence, the state taken at each checkpoint, so every prefix comes from
+    one pass; the arguments are checked here, once. The SSM memory's recurrence
     ``S <- gate S + k v^T`` is a Mamba-2 head with scalar decay, computed piece by
-    piece in matrix form (:func:`fixedstate.ssm.ssd_quadratic`) rather than token
-    by token (the tests prove the two equal). The sequence is cut at the
-    checkpoints and each piece continues from the state the previous one left
-    (``initial_state``), so every prefix comes from one pass.
+    piece (checkpoint to checkpoint) in the matrix form of
+    :func:`fixedstate.ssm.ssd_quadratic` rather than token by token. The tests
+    prove the states equal to those of the layers' public forms, bit for bit
+    (:func:`capacity_curve` uses the same scans).
     """
     mechanism = _mechanism(mechanism)
     if mechanism == "softmax":
@@ -456,19 +457,9 @@ def batched_final_states(mechanism, keys, values, *, beta=1.0, gate=0.9, checkpo
     marks = [n] if checkpoints is None else list(checkpoints)
     if any(not 1 <= m <= n for m in marks) or sorted(marks) != marks:
         raise ValueError(f"checkpoints: expected sorted prefix lengths in [1, {n}], got {marks}")
-    states, state, done = [], None, 0
-    for m in marks:
-        if m > done:
-            if mechanism == "ssm":
-                # the same recurrence S <- gate S + k v^T (eq-rc-ssm) in Mamba-2's matrix form: a scalar
-                # decay log(gate) with step 1, one product per piece instead of a loop over its tokens
-                _, state = ssd_quadratic(v[:, done:m], np.ones(m - done), np.log(gate), k[:, done:m],
-                                         k[:, done:m], initial_state=state)
-            else:
-                _, state = _run_fixed_state(mechanism, k[:, done:m], k[:, done:m], v[:, done:m], beta=beta,
-                                            gate=gate, initial_state=state)
-            done = m
-        states.append(np.array(state, dtype=np.float64))
+    with blas_threads(1):  # small products, one after the other: threads cost more than they give
+        states = _memory_states(mechanism, np.ascontiguousarray(k, dtype=np.float64),
+                                np.ascontiguousarray(v, dtype=np.float64), beta, gate, marks)
     return states if checkpoints is not None else states[0]
 
 
@@ -590,9 +581,9 @@ def _capacity_curve(d_k, ns, mechanisms, d_v, rho, n_seeds, seed, temperature, b
         if mech == "softmax":
             states = None
         elif passes == 1 or mech == "linear":
-            states = _states_at(mech, keys, values, beta, gate, marks)
+            states = _memory_states(mech, keys, values, beta, gate, marks)
         else:
-            states = [_states_at(mech, np.tile(prefix[n][0], (1, passes, 1)), np.tile(prefix[n][1], (1, passes, 1)),
+            states = [_memory_states(mech, np.tile(prefix[n][0], (1, passes, 1)), np.tile(prefix[n][1], (1, passes, 1)),
                                  beta, gate, [passes * n])[0] for n in marks]
         acc = np.empty((n_seeds, len(marks)))
         err = np.empty((n_seeds, len(marks)))
@@ -619,56 +610,34 @@ def _capacity_curve(d_k, ns, mechanisms, d_v, rho, n_seeds, seed, temperature, b
     return curve
 
 
-def _states_at(mechanism, k, v, beta, gate, marks):
-    """The states ``(B, d_k, d_v)`` of a fixed-state memory after each prefix length in ``marks``, unchecked.
+def _memory_states(mechanism, k, v, beta, gate, marks):
+    """The states ``(B, d_k, d_v)`` of a fixed-state memory after each prefix length in ``marks``.
 
     ``k`` ``(B, N, d_k)`` and ``v`` ``(B, N, d_v)`` in float64, ``marks`` sorted
-    in ``[1, N]``; ``beta`` and ``gate`` numbers. What
-    :func:`batched_final_states` computes through the layers, with the layers'
-    arithmetic in the same order (the same numbers, bit for bit) but without
-    their checks and without the outputs, which the states do not need: the
-    recurrent scans of :func:`fixedstate.linear_attention.linear_attention_recurrent`
-    and :func:`fixedstate.delta_rule.delta_rule_recurrent` (and its gated form)
-    run once over the sequence, the state copied at each mark; the SSM memory is
-    the final-state formula of :func:`fixedstate.ssm.ssd_quadratic`, piece by
-    piece. The tests compare it with :func:`batched_final_states`.
+    in ``[1, N]``; ``beta`` and ``gate`` checked numbers. The scans the layers
+    themselves run (:mod:`fixedstate.kernels`), once over the sequence without the
+    reads, the state taken at each mark: :func:`~fixedstate.kernels.additive_scan`
+    (``eq-rc-additive``, the scan of
+    :func:`fixedstate.linear_attention.linear_attention_recurrent`),
+    :func:`~fixedstate.kernels.delta_scan` (``eq-rc-delta``, ``eq-rc-gated``, the
+    scan of :func:`fixedstate.delta_rule.delta_rule_recurrent` and its gated form)
+    and, for the SSM memory (``eq-rc-ssm``), :func:`~fixedstate.kernels.ssd_state`,
+    the final state of :func:`fixedstate.ssm.ssd_quadratic` piece by piece from
+    mark to mark. The tests prove the states equal to the layers', bit for bit.
     """
-    B, _, d_k = k.shape
-    d_v = v.shape[-1]
-    states, done = [], 0
-    S = np.zeros((B, d_k, d_v))
-    if mechanism == "ssm":
-        log_g = np.log(gate)
-        for m in marks:
-            if m > done:
-                T = m - done
-                log_gate = np.full(T, log_g)  # a * delta with a = log(gate) and delta = 1, as ssd_quadratic forms it
-                last_row = np.where(np.tri(T, dtype=bool), np.exp(segment_sums(log_gate)), 0.0)[-1]
-                decay = np.exp(np.cumsum(log_gate))[-1]
-                x = v[:, done:m] * 1.0  # delta_s x_s, a new contiguous array as in ssd_quadratic
-                S = decay * S + np.swapaxes(k[:, done:m], -1, -2) @ (last_row[:, None] * x)
-                done = m
-            states.append(S.copy())
-        return states
+    B, n = k.shape[:2]
+    if mechanism == "linear":
+        return additive_scan(None, k, v, None, marks=marks)[1]
     if mechanism in ("delta", "gated_delta"):
-        beta_keys = beta * k
-    one = B == 1  # the layers' scan of one sequence uses vector-matrix products
+        log_gate = np.full((B, n), np.log(gate)) if mechanism == "gated_delta" else None
+        return delta_scan(None, k, v, np.full((B, n), beta), log_gate, None, 1.0, False, marks=marks)[1]
+    # the SSM memory S <- gate S + k v^T: log-decay log(gate) per token (a * delta with a = log(gate), delta = 1)
+    states, done = [], 0
+    S = np.zeros((B, k.shape[2], v.shape[2]))
     for m in marks:
-        if mechanism == "gated_delta" and m > done:
-            decays = np.exp(np.broadcast_to(np.full(m - done, np.log(gate)), (B, m - done)))[..., None, None]
-        for t in range(done, m):
-            if mechanism == "linear":
-                S += k[:, t, :, None] * v[:, t, None, :]
-                continue
-            if mechanism == "gated_delta":
-                S *= decays[:, t - done]
-            if one:
-                error = v[0, t] - k[0, t] @ S[0]
-                S[0] += np.multiply.outer(beta_keys[0, t], error)
-            else:
-                error = v[:, t] - np.matmul(k[:, t, None, :], S)[:, 0]
-                S += beta_keys[:, t, :, None] * error[:, None, :]
-        done = max(done, m)
+        if m > done:
+            S = ssd_state(np.full(m - done, np.log(gate)), k[:, done:m], v[:, done:m] * 1.0, S)
+            done = m
         states.append(S.copy())
     return states
 

@@ -45,15 +45,17 @@ from .blocks import l2_normalize
 from .costs import delta_rule_chunkwise_flops
 from .hybrid import stack_decode_step, synthetic_cache
 from .kernels import matmul_add, recording_products
+from .layer_ids import DELTA, GATED_DELTA, KDA, check_layer_id
 from .recall import lab_update
 
 __all__ = ["best_time", "random_layer_inputs", "time_forms", "gemm_rate", "products_replay", "chunkwise_table",
            "format_chunkwise_table", "time_lab_update", "measure_decode_seconds"]
 
-LAYERS = {
-    "delta": (dr.delta_rule_recurrent, dr.delta_rule_chunkwise),
-    "gated": (dr.gated_delta_rule_recurrent, dr.gated_delta_rule_chunkwise),
-    "kda": (dr.kda_recurrent, dr.kda_chunkwise),
+# The layers timed here (ids of fixedstate.layer_ids): their recurrent and chunkwise forms.
+_FORMS = {
+    DELTA: (dr.delta_rule_recurrent, dr.delta_rule_chunkwise),
+    GATED_DELTA: (dr.gated_delta_rule_recurrent, dr.gated_delta_rule_chunkwise),
+    KDA: (dr.kda_recurrent, dr.kda_chunkwise),
 }
 
 
@@ -96,15 +98,14 @@ def best_time(fn, *args, repeats=5, blas_threads=1, **kwargs) -> float:
     return float(best)
 
 
-def random_layer_inputs(T, d_k=128, d_v=128, *, layer="gated", dtype=np.float64, seed=0):
+def random_layer_inputs(T, d_k=128, d_v=128, *, layer=GATED_DELTA, dtype=np.float64, seed=0):
     """The inputs :func:`time_forms` times a layer on: ``(q, k, v, params)``.
 
     Random queries, unit keys, values and ``beta`` in ``[0.1, 0.9]`` (in ``params``);
     the gated delta rule gets log-gates ``log(g)`` with ``g`` uniform in ``[0.9, 1]``,
     KDA gets ``kda_log_gate(z - 3)`` with ``z`` standard normal ``(T, d_k)``.
     """
-    if layer not in LAYERS:
-        raise ValueError(f"layer: expected 'delta', 'gated' or 'kda', got {layer!r}")
+    layer = check_layer_id(layer, _FORMS, "layer")
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype: expected float32 or float64, got {dtype}")
@@ -113,14 +114,14 @@ def random_layer_inputs(T, d_k=128, d_v=128, *, layer="gated", dtype=np.float64,
     k = l2_normalize(rng.standard_normal((T, d_k))).astype(dtype)
     v = rng.standard_normal((T, d_v)).astype(dtype)
     params = {"beta": rng.uniform(0.1, 0.9, T).astype(dtype)}
-    if layer == "gated":
+    if layer == GATED_DELTA:
         params["log_gate"] = np.log(rng.uniform(0.9, 1.0, T)).astype(dtype)
-    elif layer == "kda":
+    elif layer == KDA:
         params["log_gate"] = dr.kda_log_gate(rng.standard_normal((T, d_k)) - 3.0).astype(dtype)
     return q, k, v, params
 
 
-def time_forms(T, d_k=128, d_v=128, *, dtype=np.float64, chunk_size=64, repeats=3, layer="gated", seed=0,
+def time_forms(T, d_k=128, d_v=128, *, dtype=np.float64, chunk_size=64, repeats=3, layer=GATED_DELTA, seed=0,
                rounds=1, blas_threads=1):
     """Time the recurrent and chunkwise forms of one delta-rule layer on random data.
 
@@ -133,7 +134,8 @@ def time_forms(T, d_k=128, d_v=128, *, dtype=np.float64, chunk_size=64, repeats=
     Parameters
     ----------
     T, d_k, d_v : sizes. dtype : float32 or float64. chunk_size : for the chunkwise form.
-    repeats : runs per round, the fastest counts. layer : "delta", "gated" or "kda".
+    repeats : runs per round, the fastest counts. layer : "delta", "gated_delta" or "kda"
+    (:mod:`fixedstate.layer_ids`).
     rounds : rounds of runs, the median counts. blas_threads : as in :func:`best_time`
     (the forms themselves run their products with one thread whatever it is).
 
@@ -151,7 +153,7 @@ def time_forms(T, d_k=128, d_v=128, *, dtype=np.float64, chunk_size=64, repeats=
     if timing_once():
         rounds = 1
     q, k, v, params = random_layer_inputs(T, d_k, d_v, layer=layer, dtype=dtype, seed=seed)
-    rec, chk = LAYERS[layer]
+    rec, chk = _FORMS[layer]
     o_rec, _ = rec(q, k, v, **params)
     o_chk, _ = chk(q, k, v, **params, chunk_size=chunk_size)
     t_rec, t_chk = [], []
@@ -163,7 +165,8 @@ def time_forms(T, d_k=128, d_v=128, *, dtype=np.float64, chunk_size=64, repeats=
     dtype = np.dtype(dtype)
     rel = float(np.max(np.abs(o_chk - o_rec)) / max(np.max(np.abs(o_rec)), np.finfo(dtype).tiny))
     return {"recurrent": t_rec, "chunkwise": t_chk, "ratio": t_rec / t_chk, "max_rel_diff": rel,
-            "flops": delta_rule_chunkwise_flops(T, d_k, d_v, chunk_size=chunk_size, layer=layer)}
+            # the gate adds no matrix product: the gated delta rule makes the products of the delta rule
+            "flops": delta_rule_chunkwise_flops(T, d_k, d_v, chunk_size=chunk_size, layer=KDA if layer == KDA else DELTA)}
 
 
 def gemm_rate(dtype=np.float64, *, n=1024, repeats=5, threads=1) -> float:
@@ -200,7 +203,7 @@ def _same_layout(x, rng):
 def products_replay(layer, q, k, v, *, chunk_size=64, seed=0, **params):
     """The matrix products of one call of a chunkwise form, as a function that makes only those.
 
-    ``layer`` is ``"delta"``, ``"gated"`` or ``"kda"``; ``q, k, v`` and ``params``
+    ``layer`` is ``"delta"``, ``"gated_delta"`` or ``"kda"``; ``q, k, v`` and ``params``
     (``beta``, ``log_gate``) are the form's arguments. The form runs once, and
     every product it makes through :func:`fixedstate.kernels.matmul` and
     :func:`~fixedstate.kernels.matmul_add` (all of them: ``tests/test_costs.py``
@@ -232,10 +235,9 @@ def products_replay(layer, q, k, v, *, chunk_size=64, seed=0, **params):
     (it ends after it, also on an error) and sees only the products of the calling
     thread.
     """
-    if layer not in LAYERS:
-        raise ValueError(f"layer: expected 'delta', 'gated' or 'kda', got {layer!r}")
+    layer = check_layer_id(layer, _FORMS, "layer")
     with recording_products() as calls:
-        LAYERS[layer][1](q, k, v, chunk_size=chunk_size, **params)
+        _FORMS[layer][1](q, k, v, chunk_size=chunk_size, **params)
 
     rng = np.random.default_rng(seed)
     made = {}
@@ -264,7 +266,7 @@ def products_replay(layer, q, k, v, *, chunk_size=64, seed=0, **params):
     return replay, int(flops)
 
 
-def chunkwise_table(T=4096, d=128, *, layers=("delta", "gated", "kda"), dtypes=(np.float64, np.float32),
+def chunkwise_table(T=4096, d=128, *, layers=(DELTA, GATED_DELTA, KDA), dtypes=(np.float64, np.float32),
                     threads=(None, 1), chunk_size=64, repeats=5, rounds=3, rates=None):
     """The recurrent and chunkwise forms of each layer against the GEMM limit (``make bench``, chapter {ref}`chap-delta-rule`).
 
@@ -344,14 +346,14 @@ def _blas_thread_counts():
 
 def format_chunkwise_table(table) -> str:
     """The table of :func:`chunkwise_table` as text: times in ms, ratios to the GEMM limit, to the products alone and between the forms."""
-    lines = [f"{'layer':<7}{'dtype':<9}{'BLAS threads':>13}{'recurrent ms':>14}{'chunkwise ms':>14}"
+    lines = [f"{'layer':<13}{'dtype':<9}{'BLAS threads':>13}{'recurrent ms':>14}{'chunkwise ms':>14}"
              f"{'products ms':>13}{'GEMM limit ms':>15}{'rec/limit':>11}{'chunk/limit':>13}{'prod/limit':>12}"
              f"{'chunk/prod':>12}{'rec/chunk':>11}"]
     for r in table["rows"]:
         threads = "default" if r["threads"] is None else str(r["threads"])
         if r.get("blas_threads"):
             threads += f" ({max(r['blas_threads'])})"     # the count in force
-        lines.append(f"{r['layer']:<7}{r['dtype']:<9}{threads:>13}{1e3 * r['recurrent']:>14.1f}"
+        lines.append(f"{r['layer']:<13}{r['dtype']:<9}{threads:>13}{1e3 * r['recurrent']:>14.1f}"
                      f"{1e3 * r['chunkwise']:>14.1f}{1e3 * r['products']:>13.1f}{1e3 * r['limit']:>15.1f}"
                      f"{r['recurrent_vs_limit']:>11.2f}{r['chunkwise_vs_limit']:>13.2f}{r['products_vs_limit']:>12.2f}"
                      f"{r['chunkwise_vs_products']:>12.2f}{r['speedup']:>11.2f}")

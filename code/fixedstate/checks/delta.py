@@ -243,7 +243,7 @@ _DR_FORMS = (dr.gated_delta_rule_chunk, dr.gated_delta_rule_loop, dr.gated_delta
              kernels.kda_prep, kernels.state_pass)
 
 
-def _kda_loop_variant(q, k, v, beta, log_gate, S, *, order="right"):
+def kda_loop_variant(q, k, v, beta, log_gate, S, *, order="right"):
     """KDA's token loop, in the right order or in one of the two wrong orders of decay and correction."""
     S = S.copy()
     O = np.empty((len(q), v.shape[1]))
@@ -260,7 +260,7 @@ def _kda_loop_variant(q, k, v, beta, log_gate, S, *, order="right"):
     return O, S
 
 
-def _kda_chunk_variant(q, k, v, beta, log_gate, S0, *, subtract_ws=True, decay_state_in_out=True,
+def kda_chunk_variant(q, k, v, beta, log_gate, S0, *, subtract_ws=True, decay_state_in_out=True,
                        own_write=True, decay_in_a=True, decay_in_w=True):
     """One KDA chunk by the UT transform, with switches for the slips (all True: the right answer)."""
     C = len(q)
@@ -358,27 +358,27 @@ def check_kda_chunk(kda_chunk) -> CheckResult:
                       "KDA keeps one decay per key channel, so every pair product carries exp(b_rc - b_ic) "
                       "inside the sum over the channels c, and b is a (C, d_k) cumulative sum")
             candidates = [
-                (_kda_loop_variant(q, k, v, beta, mean_gate, S0), scalar),
-                (_kda_loop_variant(q, k, v, beta, mean_decay, S0), scalar),
-                (_kda_loop_variant(q, k, v, beta, log_gate, S0, order="correct_then_decay"),
+                (kda_loop_variant(q, k, v, beta, mean_gate, S0), scalar),
+                (kda_loop_variant(q, k, v, beta, mean_decay, S0), scalar),
+                (kda_loop_variant(q, k, v, beta, log_gate, S0, order="correct_then_decay"),
                  "this is \"correct, then decay\": each token must decay the state first, "
                  "Diag(exp(gamma_t)) S_{t-1}, and compute its correction from the decayed state"),
-                (_kda_loop_variant(q, k, v, beta, log_gate, S0, order="decay_carried_only"),
+                (kda_loop_variant(q, k, v, beta, log_gate, S0, order="decay_carried_only"),
                  "the correction uses the undecayed state: the pair products in A carry exp(b_r - b_i) and "
                  "the rows of W are beta_i (k_i * exp(b_i)), so that the correction is measured against the "
                  "decayed state"),
-                (_kda_chunk_variant(q, k, v, beta, log_gate, S0, subtract_ws=False),
+                (kda_chunk_variant(q, k, v, beta, log_gate, S0, subtract_ws=False),
                  "the incoming state's recall is not subtracted: U = U~ - W S_0 (eq-dr-ut), so that the "
                  "correction is measured against what the decayed S_0 already returns"),
-                (_kda_chunk_variant(q, k, v, beta, log_gate, S0, decay_state_in_out=False),
+                (kda_chunk_variant(q, k, v, beta, log_gate, S0, decay_state_in_out=False),
                  "the outputs read the incoming state undecayed: token r reads (q_r * exp(b_r))^T S_0, "
                  "each channel decayed since the chunk's start"),
-                (_kda_chunk_variant(q, k, v, beta, log_gate, S0, decay_in_a=False),
+                (kda_chunk_variant(q, k, v, beta, log_gate, S0, decay_in_a=False),
                  "A has no decays: A_ri = beta_r sum_c k_rc k_ic exp(b_rc - b_ic) for i < r"),
-                (_kda_chunk_variant(q, k, v, beta, log_gate, S0, decay_in_w=False),
+                (kda_chunk_variant(q, k, v, beta, log_gate, S0, decay_in_w=False),
                  "W has no decays: its rows are beta_i (k_i * exp(b_i)), the key decayed per channel since "
                  "the chunk's start"),
-                (_kda_chunk_variant(q, k, v, beta, log_gate, S0, own_write=False),
+                (kda_chunk_variant(q, k, v, beta, log_gate, S0, own_write=False),
                  "token r does not see its own write: the output's pair sum runs over i <= r, the diagonal "
                  "included"),
             ]

@@ -435,7 +435,7 @@ def decayed_attention_loop(q, k, v, log_gate, initial_state=None):
     return o, S
 
 
-def _decayed_chunks(q, k, v, log_gate, chunk_size, *, diagonal=True, decay_in=True, decay_state=True,
+def decayed_chunks(q, k, v, log_gate, chunk_size, *, diagonal=True, decay_in=True, decay_state=True,
                     decay_keys=True, write_then_decay=False):
     """The chunkwise form, with switches that reproduce the plausible mistakes."""
     T = len(q)
@@ -468,7 +468,7 @@ def _decay_cases():
             ("T = 5 tokens in chunks of 1, d_k = 4, d_v = 2", 5, 1, 4, 2, "random")]
 
 
-_DECAY_FORMS = (decayed_attention_loop, _decayed_chunks, ssm.ssd_recurrent, ssm.ssd_quadratic, ssm.ssd_chunk, ssm.ssd_mask, ssm.selective_scan_sequential,
+_DECAY_FORMS = (decayed_attention_loop, decayed_chunks, ssm.ssd_recurrent, ssm.ssd_quadratic, ssm.ssd_chunk, ssm.ssd_mask, ssm.selective_scan_sequential,
                 ssm.selective_scan_parallel)
 
 
@@ -525,7 +525,7 @@ def check_chunkwise_decayed_attention(chunkwise_decayed_attention) -> CheckResul
                                               "write is not decayed"),
             ]:
                 with np.errstate(over="ignore", invalid="ignore"):
-                    mo, ms = _decayed_chunks(q, k, v, log_gate, C, **flags)
+                    mo, ms = decayed_chunks(q, k, v, log_gate, C, **flags)
                 mistakes.append(((mo, ms), message))
             o_arr = np.asarray(o, dtype=float)
             if o_arr.shape == want_o.shape and not np.allclose(o_arr, want_o, rtol=1e-8, atol=1e-10):

@@ -161,7 +161,7 @@ def _reference_accuracy(state, keys, values) -> float:
     return float(np.mean(rc.nearest_value(recalled, values) == np.arange(keys.shape[0])))
 
 
-def _accuracy_cases():
+def accuracy_cases():
     """Cases where every plausible mistake gives a different number from the right one."""
     cases = []
     # 1. a square, non-symmetric state: reading S q instead of S^T q gives other answers
@@ -207,7 +207,7 @@ def check_recall_accuracy(recall_accuracy) -> CheckResult:
     """Check ``recall_accuracy(state, keys, values) -> float`` (``eq-rc-readout``, ``eq-rc-accuracy``)."""
 
     def body():
-        for state, keys, values, case in _accuracy_cases():
+        for state, keys, values, case in accuracy_cases():
             got = call_student(recall_accuracy, state.copy(), keys.copy(), values.copy(), case=case)
             try:
                 value = float(got)
@@ -289,7 +289,7 @@ _RECALL_FORMS = (rc.write_memory, rc.read_memory, rc.nearest_value, rc.recall_pa
                  dr.gated_delta_rule_loop, dr.gated_delta_rule_recurrent, la.linear_attention_recurrent)
 
 
-def _plain_curve(keys, values, n_values, *, write="delta", read="right", score="distance", among="first",
+def plain_curve(keys, values, n_values, *, write="delta", read="right", score="distance", among="first",
                  written="first", fraction=True):
     """The experiment with switches for the plausible slips (no package call)."""
     curve = []
@@ -369,7 +369,7 @@ def check_recall_curve(recall_curve) -> CheckResult:
                     (dict(fraction=False), "you returned the number of keys recalled; return the fraction"),
                 ]:
                     try:
-                        slip = _plain_curve(K, V, n_values, **flags)
+                        slip = plain_curve(K, V, n_values, **flags)
                     except ValueError:                      # e.g. a transposed read when d_k != d_v
                         continue
                     if np.allclose(arr, slip, atol=1e-12):

@@ -51,7 +51,7 @@ def _answers() -> dict[str, dict]:
     a = -1.0
     half = math.log(0.5) / a
     # associativity: the pairwise scan's number of sequential levels for T = 128,000 (up and down)
-    levels = _scan_levels(128_000)
+    levels = scan_levels(128_000)
     return {
         "ex-ssm-kv-vs-state/state-bytes": dict(
             value=state, tolerance=0, what="the state of the SSM layer, in bytes",
@@ -72,7 +72,7 @@ def _answers() -> dict[str, dict]:
     }
 
 
-def _scan_levels(T: int) -> int:
+def scan_levels(T: int) -> int:
     """Sequential levels of :func:`fixedstate.ssm.associative_scan`: one pairing and one fill-in per halving."""
     levels = 0
     while T > 1:
@@ -242,7 +242,7 @@ _SCAN_FORMS = (ssm.associative_scan, kernels.scan_pairs, ssm.selective_scan_para
                ssm.lti_recurrence)
 
 
-def _scan_loop(a, b, *, order="right"):
+def scan_loop(a, b, *, order="right"):
     """h_t = a_t h_{t-1} + b_t by a loop (``order="wrong"``: the pairs composed in the opposite order)."""
     h = np.empty_like(b)
     if order == "right":
@@ -292,7 +292,7 @@ def check_parallel_scan(parallel_scan) -> CheckResult:
     def body():
         for a, b, case in _scan_cases():
             h = call_without(parallel_scan, _SCAN_FORMS, a.copy(), b.copy(), case=case)
-            want = _scan_loop(a, b)
+            want = scan_loop(a, b)
             got = np.asarray(h, dtype=float) if not isinstance(h, tuple) else None
             if got is None:
                 raise Failure(f"on {case}: expected the array h of shape {a.shape}, got a tuple; return h only "
@@ -307,7 +307,7 @@ def check_parallel_scan(parallel_scan) -> CheckResult:
                 if len(a) > 1 and np.allclose(got, exclusive, rtol=1e-9, atol=1e-12):
                     raise Failure(f"on {case}: you returned the state BEFORE each step (an exclusive scan, "
                                   "shifted by one); h_t includes step t: h_0 = b_0")
-                if len(a) > 1 and np.allclose(got, _scan_loop(a, b, order="wrong"), rtol=1e-9, atol=1e-12):
+                if len(a) > 1 and np.allclose(got, scan_loop(a, b, order="wrong"), rtol=1e-9, atol=1e-12):
                     raise Failure(f"on {case}: the pairs are composed in the wrong order: applying step 1 "
                                   "then step 2 gives (a1, b1) . (a2, b2) = (a1 a2, a2 b1 + b2); the later "
                                   "gate multiplies the earlier b")
@@ -321,7 +321,7 @@ def check_parallel_scan(parallel_scan) -> CheckResult:
         a, b = rng.uniform(0.9, 1.0, T), rng.standard_normal(T) * 0.01
         case = f"T = {T:,} (counting the lines of Python your function executes)"
         h, lines = count_student_lines(parallel_scan, a, b, case=case)
-        compare_arrays(h, _scan_loop(a, b), what="h", case=case, rtol=1e-8, atol=1e-10)
+        compare_arrays(h, scan_loop(a, b), what="h", case=case, rtol=1e-8, atol=1e-10)
         if lines > budget:
             raise Failure(f"on {case}: your function executed {lines:,} lines of Python, more than the "
                           f"{budget:,} a parallel scan needs: it loops over the time steps. Combine whole "

@@ -16,7 +16,7 @@ import numpy as np
 from .._validate import as_float_array, check_interval
 from ..delta_rule import gated_delta_rule_step
 from ..linear_attention import identity_feature_map, linear_attention_step
-from . import bar_collection, changing, figure_parts, live_update, new_figure, set_bar_heights, text_fields
+from .engine import bar_collection, changing, figure_parts, live_update, new_figure, set_bar_heights, text_fields
 
 __all__ = ["FOUR_WRITES_KEYS", "four_writes", "draw_four_writes"]
 

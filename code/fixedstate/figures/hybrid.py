@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..hybrid import every_nth_layer, qwen35_9b_config, stack_kv_cache_bytes, stack_state_bytes, with_layout
-from . import bar_collection, changing, figure_parts, live_update, new_figure, set_bar_heights
+from .engine import bar_collection, changing, figure_parts, live_update, new_figure, set_bar_heights
 
 __all__ = ["MEMORY_CONTEXTS", "stack_memory_gib", "draw_memory"]
 
@@ -66,11 +66,11 @@ def draw_memory(every=4, *, config=None, fig=None):
     set_bar_heights(parts["kv"], kv)
     n = config.n_layers
     fig.axes[0].set_title("no attention layer" if not layout
-                          else f"attention in {_every_nth(every)} ({len(layout)} of {n})")
+                          else f"attention in {every_nth(every)} ({len(layout)} of {n})")
     return fig
 
 
-def _every_nth(n: int) -> str:
+def every_nth(n: int) -> str:
     """``every layer``, ``every 2nd layer``, ``every 3rd layer``, ``every 4th layer``, ..."""
     if n == 1:
         return "every layer"

@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..costs import crossover_length, linear_attention_flops, softmax_attention_flops
-from . import changing, figure_parts, live_update, new_figure, text_fields
+from .engine import changing, figure_parts, live_update, new_figure, text_fields
 
 __all__ = ["CROSSOVER_LENGTHS", "SOFTMAX_COUNTS", "draw_crossover"]
 

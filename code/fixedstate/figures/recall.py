@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..recall import MECHANISMS, capacity_curve, lab_curves, lab_experiment, lab_n_values
-from . import bar_collection, changing, figure_parts, live_update, new_figure, set_bar_heights
+from .engine import bar_collection, changing, figure_parts, live_update, new_figure, set_bar_heights
 
 __all__ = ["LAB_MECHANISM_LABELS", "LAB_COLORS", "draw_lab", "draw_capacity"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..costs import kv_cache_bytes
-from . import changing, figure_parts, live_update, new_figure, text_fields
+from .engine import changing, figure_parts, live_update, new_figure, text_fields
 
 __all__ = ["KV_CONTEXT", "kv_cache_gb", "draw_kv"]
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._validate import as_float_array
 from ..ssm import selective_scan_step
-from . import changing, figure_parts, keep_background, live_update, new_figure, text_fields
+from .engine import changing, figure_parts, keep_background, live_update, new_figure, text_fields
 
 __all__ = ["SELECTIVITY_TOKEN", "selectivity_states", "draw_selectivity"]
 
