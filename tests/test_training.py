@@ -207,7 +207,7 @@ def test_adam_clips_the_global_norm_and_checks_its_arguments():
 
 # ----------------------------------------------------------------------------- the model
 
-@pytest.mark.parametrize("mixer", sorted(tr.MIXERS))
+@pytest.mark.parametrize("mixer", sorted(tr.MODEL_LAYERS))
 def test_model_gradient_matches_finite_differences(mixer):
     config = tr.ModelConfig(mixer, vocab_size=9, d_model=4, d_ff=5, conv_size=3)
     params = tr.init_model(config, 1)
@@ -232,7 +232,7 @@ def test_model_gradient_matches_finite_differences(mixer):
 
 
 def test_model_keeps_float32_and_rejects_an_unknown_mixer():
-    config = tr.ModelConfig("gated_deltanet", vocab_size=9, d_model=4)
+    config = tr.ModelConfig("gated_delta", vocab_size=9, d_model=4)
     params = tr.init_model(config, 0, dtype=np.float32)
     tokens, targets = tr.mqar_data(2, vocab_size=9, n_pairs=2, seq_len=9, rng=0)
     loss, grads = tr.loss_and_grads(params, config, tokens, targets)
@@ -273,12 +273,12 @@ def test_the_default_ssd_initialisation_is_the_sweeps():
     """Without ``ssd_dt_init`` the step bias is 0 (the sweep's init) and the draws are those of before."""
     config = tr.ModelConfig("ssd", vocab_size=9, d_model=4)
     params = tr.init_model(config, 0)
-    assert all(params[f"L{i}.b_dt"][0] == 0.0 and params[f"L{i}.a_log"][0] == 0.0 for i in range(2))
+    assert all(params[f"layers.{i}.dt_bias"][0] == 0.0 and params[f"layers.{i}.A_log"][0] == 0.0 for i in range(2))
     assert "ssd_dt_init" not in tr.SWEEP
     other = tr.init_model(config, 0, ssd_dt_init=0.01)
     assert set(other) == set(params)
     for name in params:                               # only the step bias differs
-        if not name.endswith("b_dt"):
+        if not name.endswith("dt_bias"):
             np.testing.assert_array_equal(other[name], params[name])
 
 
@@ -288,18 +288,19 @@ def test_ssd_dt_init_sets_the_initial_step_and_decay(dtype, rtol):
     config = tr.ModelConfig("ssd", vocab_size=9, d_model=4)
     params = tr.init_model(config, 0, dtype=dtype, ssd_dt_init=delta0)
     for i in range(2):
-        b = params[f"L{i}.b_dt"]
+        b = params[f"layers.{i}.dt_bias"]
         assert b.dtype == dtype
         np.testing.assert_allclose(bl.softplus(b.astype(np.float64)), delta0, rtol=rtol)
-        params[f"L{i}.w_dt"][:] = 0                   # the input's share removed: every token's step is the bias's
+        params[f"layers.{i}.W_dt"][:] = 0               # the input's share removed: every token's step is the bias's
     tokens, _ = tr.mqar_data(2, vocab_size=9, n_pairs=2, seq_len=9, rng=0)
     _, cache = tr.model_forward(params, config, tokens)
     for c in cache["layers"]:
-        decay = np.exp(c["aux"]["a"] * c["aux"]["delta"])
+        gates = c["mixer"]["gates"]
+        decay = np.exp(gates["a"] * gates["delta"])
         np.testing.assert_allclose(decay, math.exp(-delta0), rtol=rtol)
     # a large step does not overflow the inverse softplus
     big = tr.init_model(config, 0, ssd_dt_init=800.0)
-    np.testing.assert_allclose(big["L0.b_dt"], 800.0, rtol=1e-15)
+    np.testing.assert_allclose(big["layers.0.dt_bias"], 800.0, rtol=1e-15)
 
 
 @pytest.mark.parametrize("bad", [0, 0.0, -0.01, math.nan, math.inf, True, "0.01", [0.01]])
