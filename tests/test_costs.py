@@ -156,7 +156,7 @@ def test_bad_input_names_the_argument(call, name):
 
 # --------------------------------------------------------------------------- the chunkwise delta rule
 
-@pytest.mark.parametrize("layer", ["delta", "gated", "kda"])
+@pytest.mark.parametrize("layer", ["delta", "gated_delta", "kda"])
 @pytest.mark.parametrize("T,d_k,d_v,chunk,lead", [(4096, 128, 128, 64, ()), (300, 8, 5, 64, ()), (130, 6, 7, 48, ()),
                                                   (50, 4, 3, 1, ()), (37, 5, 4, 8, (3,)), (0, 3, 2, 16, ())])
 def test_chunkwise_flops_count_the_products_the_forms_call(layer, T, d_k, d_v, chunk, lead):
@@ -168,7 +168,7 @@ def test_chunkwise_flops_count_the_products_the_forms_call(layer, T, d_k, d_v, c
     k /= np.linalg.norm(k, axis=-1, keepdims=True)
     v = rng.standard_normal(lead + (T, d_v))
     beta = rng.uniform(0, 1, lead + (T,))
-    fn = {"delta": dr.delta_rule_chunkwise, "gated": dr.gated_delta_rule_chunkwise, "kda": dr.kda_chunkwise}[layer]
+    fn = {"delta": dr.delta_rule_chunkwise, "gated_delta": dr.gated_delta_rule_chunkwise, "kda": dr.kda_chunkwise}[layer]
     gate = {} if layer == "delta" else {"log_gate": -rng.uniform(0, 1, lead + ((T, d_k) if layer == "kda" else (T,)))}
     with kernels.recording_products() as steps:
         fn(q, k, v, beta=beta, **gate, chunk_size=chunk)
@@ -188,7 +188,8 @@ def test_chunkwise_flops_of_the_benchmark_case():
     flops = costs.delta_rule_chunkwise_flops(4096, 128, 128)
     assert flops == 64 * 11_708_416 and 0.74e9 < flops < 0.76e9
     assert costs.delta_rule_chunkwise_flops(4096, 128, 128, layer="kda") < flops
-    with pytest.raises(ValueError, match="layer"):
-        costs.delta_rule_chunkwise_flops(10, 2, 2, layer="mamba")
+    for other in ("mamba", "gated", "ssd"):          # only the delta rule's ids of fixedstate.layer_ids
+        with pytest.raises(ValueError, match="layer"):
+            costs.delta_rule_chunkwise_flops(10, 2, 2, layer=other)
     with pytest.raises(ValueError, match="chunk_size"):
         costs.delta_rule_chunkwise_flops(10, 2, 2, chunk_size=0)
