@@ -163,7 +163,7 @@ def time_forms(T, d_k=128, d_v=128, *, dtype=np.float64, chunk_size=64, repeats=
     dtype = np.dtype(dtype)
     rel = float(np.max(np.abs(o_chk - o_rec)) / max(np.max(np.abs(o_rec)), np.finfo(dtype).tiny))
     return {"recurrent": t_rec, "chunkwise": t_chk, "ratio": t_rec / t_chk, "max_rel_diff": rel,
-            "flops": delta_rule_chunkwise_flops(T, d_k, d_v, chunk_size=chunk_size, layer=layer)}
+            "flops": delta_rule_chunkwise_flops(T, d_k, d_v, chunk_size=chunk_size, layer="kda" if layer == "kda" else "delta")}
 
 
 def gemm_rate(dtype=np.float64, *, n=1024, repeats=5, threads=1) -> float:
