@@ -484,7 +484,7 @@ def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64
     the global gradient norm clipped at ``clip``, the learning rate warmed up
     linearly over ``warmup`` steps (default a tenth) and then decayed to 0 on a
     cosine. ``ssd_dt_init`` is passed to :func:`init_model` (the SSD's initial
-    step; ``None``, the default, keeps ``b_dt = 0``).
+    step; ``None``, the default, keeps ``dt_bias = 0``).
 
     Returns
     -------
@@ -544,7 +544,7 @@ SWEEP = {
 }
 
 # The follow-up that chapter 9 pre-registers (``make experiment-ssd``): the SSD alone,
-# with its step initialised at 0.01 (b_dt = softplus^{-1}(0.01)) instead of ln 2, and
+# with its step initialised at 0.01 (dt_bias = softplus^{-1}(0.01)) instead of ln 2, and
 # everything else (a = -1, sizes, steps, seeds, learning-rate grid and rule) as in SWEEP.
 SSD_FOLLOWUP = {**SWEEP, "mixers": ("ssd",), "ssd_dt_init": 0.01}
 
