@@ -866,6 +866,9 @@ def ssd_backward(x, delta, a, B, C, d_y, *, D=None, initial_state=None, d_final_
             d_state.astype(dtype, copy=False))
 
 
+# Its Parameters and Returns sections run parallel to ssd_backward's on purpose (``duplicates`` pairs them):
+# both backward passes share the signature of their kind of layer, and each public docstring stands alone
+# in help() and the API pages; they differ where the layers do (A (d, N) for a, states (..., d, N)).
 def selective_scan_backward(x, delta, A, B, C, d_y, *, D=None, initial_state=None, d_final_state=None):
     """The gradients of Mamba's selective scan (``eq-ssm-selective``): ``eq-bw-s6-state``, ``eq-bw-s6-grads``.
 
