@@ -41,17 +41,17 @@ def test_the_table_is_keyed_by_layer_ids_and_refuses_others():
 
 def test_forward_is_the_cores_own_form():
     q, k, v, g = inputs("gated_delta")
-    np.testing.assert_array_equal(mixers.mixer("gated_delta").forward(q, k, v, g, scale=0.7, chunk_size=4),
+    np.testing.assert_array_equal(mixers.mixer("gated_delta").forward(q, k, v, g, scale=0.7, chunk_size=4)[0],
                                   dr.gated_delta_rule_chunkwise(q, k, v, **g, scale=0.7, chunk_size=4)[0])
     q, k, v, g = inputs("softmax")
-    np.testing.assert_array_equal(mixers.mixer("softmax").forward(q, k, v, g, scale=0.7),
+    np.testing.assert_array_equal(mixers.mixer("softmax").forward(q, k, v, g, scale=0.7)[0],
                                   sa.softmax_attention(q, k, v, causal=True, scale=0.7)[0])
     q, k, v, g = inputs("linear")
-    np.testing.assert_array_equal(mixers.mixer("linear").forward(q, k, v, g, chunk_size=4),
+    np.testing.assert_array_equal(mixers.mixer("linear").forward(q, k, v, g, chunk_size=4)[0],
                                   la.linear_attention_chunkwise(q, k, v, feature_map=la.identity_feature_map,
                                                                 normalize=False, chunk_size=4)[0])
     q, k, v, g = inputs("ssd")                      # q, k, v are Mamba-2's C, B, x
-    np.testing.assert_array_equal(mixers.mixer("ssd").forward(q, k, v, g),
+    np.testing.assert_array_equal(mixers.mixer("ssd").forward(q, k, v, g)[0],
                                   ssm.ssd_recurrent(v, g["delta"], g["a"], k, q)[0])
 
 
@@ -60,13 +60,34 @@ def test_one_token_at_a_time_equals_the_sequence(layer_id):
     q, k, v, g = inputs(layer_id, seed=1)
     entry = mixers.mixer(layer_id)
     scale = 0.6 if layer_id != "ssd" else 1.0
-    whole = entry.forward(q, k, v, g, scale=scale, chunk_size=4)
+    whole, final = entry.forward(q, k, v, g, scale=scale, chunk_size=4)
     cache, steps = None, []
     for t in range(q.shape[-2]):
         g_t = {name: (a if np.ndim(a) == 0 else a[:, t]) for name, a in g.items()}
         out, cache = entry.step(q[:, t], k[:, t], v[:, t], g_t, cache, scale=scale)
         steps.append(out)
     np.testing.assert_allclose(np.stack(steps, axis=-2), whole, rtol=1e-12, atol=1e-12)
+    if layer_id == "softmax":                       # the KV cache holds every key and value
+        np.testing.assert_array_equal(cache.keys, final.keys)
+        np.testing.assert_array_equal(cache.values, final.values)
+    else:
+        np.testing.assert_allclose(cache, final, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer_id", sorted(mixers.MIXERS))
+def test_forward_continues_from_the_state_it_returned(layer_id):
+    q, k, v, g = inputs(layer_id, T=9, seed=3)
+    entry = mixers.mixer(layer_id)
+    scale = 0.6 if layer_id != "ssd" else 1.0
+
+    def part(sl, state):
+        g_part = {name: (a if np.ndim(a) == 0 else a[:, sl]) for name, a in g.items()}
+        return entry.forward(q[:, sl], k[:, sl], v[:, sl], g_part, scale=scale, chunk_size=4, initial_state=state)
+
+    whole, _ = entry.forward(q, k, v, g, scale=scale, chunk_size=4)
+    first, state = part(slice(0, 5), None)
+    second, _ = part(slice(5, 9), state)
+    np.testing.assert_allclose(np.concatenate([first, second], axis=-2), whole, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("layer_id", sorted(mixers.MIXERS))
@@ -78,7 +99,8 @@ def test_backward_matches_finite_differences(layer_id):
     arrays = dict(zip(names, (q, k, v) + tuple(np.asarray(g[n], dtype=float) for n in entry.gates)))
 
     def f(**a):
-        return entry.forward(a["q"], a["k"], a["v"], {n: a[n] for n in entry.gates}, scale=scale, chunk_size=2)
+        return entry.forward(a["q"], a["k"], a["v"], {n: a[n] for n in entry.gates}, scale=scale,
+                             chunk_size=2)[0]
 
     def grads(d_out):
         dq, dk, dv, d_gates = entry.backward(q, k, v, g, d_out, scale=scale)

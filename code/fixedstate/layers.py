@@ -3,8 +3,10 @@
 Chapter {ref}`chap-shipped-layers`. A released model does not call a core
 alone: it wraps it in projections, a short causal convolution, activations,
 gates and an output norm. This module composes those parts, taken from
-:mod:`fixedstate.blocks`, with the cores of :mod:`fixedstate.delta_rule` and
-:mod:`fixedstate.ssm`. It adds no mathematics of its own: every number a layer
+:mod:`fixedstate.blocks` (the gate form :func:`fixedstate.blocks.softplus_log_gate`
+among them), with the cores: Gated DeltaNet's and KDA's from the mixer table
+:data:`fixedstate.mixers.MIXERS` that the toy stack and the training chapter's
+model also use, Mamba's and Mamba-2's from :mod:`fixedstate.ssm`. It adds no mathematics of its own: every number a layer
 computes is computed by a block or a core.
 
 Each layer has
@@ -52,9 +54,9 @@ import numbers
 
 import numpy as np
 
-from . import blocks
+from . import blocks, mixers
 from ._validate import as_float_array, check_positive_int
-from .delta_rule import gated_delta_rule_chunkwise, gated_delta_rule_step, kda_chunkwise, kda_step
+from .layer_ids import GATED_DELTA, KDA
 from .ssm import selective_scan_parallel, selective_scan_step, ssd_chunkwise, ssd_recurrent
 
 __all__ = [
@@ -463,6 +465,17 @@ def _merge(o, *, token):
     return o.reshape(o.shape[:-2] + (o.shape[-2] * o.shape[-1],))
 
 
+def _core(layer_id, q, k, v, gates, state, c, *, token):
+    """The delta-rule core of the table :data:`fixedstate.mixers.MIXERS` (the one the toy stack and the
+    training chapter's model call), with the libraries' readout scale ``d_k^{-1/2}``: the one-token
+    form for a decode step, the chunkwise form from the cached state for a prefill."""
+    entry = mixers.mixer(layer_id)
+    scale = c.d_k ** -0.5
+    if token:
+        return entry.step(q, k, v, gates, state, scale=scale)
+    return entry.forward(q, k, v, gates, scale=scale, chunk_size=c.chunk_size, initial_state=state)
+
+
 def _to_time_last(a, *, token):
     """Per-head scalars (..., T, n) -> (..., n, T); a token (..., n) stays."""
     return a if token else np.swapaxes(a, -1, -2)
@@ -486,12 +499,7 @@ def _gated_deltanet(params, x, cache, *, token):
     v = _heads(qkv[..., 2 * kd:], c.n_heads, c.d_v, token=token)
     beta = _to_time_last(blocks.sigmoid(blocks.linear(x, p["W_b"])), token=token)
     log_gate = _to_time_last(blocks.softplus_log_gate(blocks.linear(x, p["W_a"]), p["A_log"], p["dt_bias"]), token=token)
-    scale = c.d_k ** -0.5
-    if token:
-        o, state = gated_delta_rule_step(q, k, v, beta=beta, log_gate=log_gate, scale=scale, initial_state=state)
-    else:
-        o, state = gated_delta_rule_chunkwise(q, k, v, beta=beta, log_gate=log_gate, scale=scale,
-                                              initial_state=state, chunk_size=c.chunk_size)
+    o, state = _core(GATED_DELTA, q, k, v, {"beta": beta, "log_gate": log_gate}, state, c, token=token)
     z = _heads(blocks.linear(x, p["W_z"]), c.n_heads, c.d_v, token=token)
     o = blocks.gated_rms_norm(o, z, p["norm_weight"], eps=c.norm_eps)          # per head, over d_v
     y = blocks.linear(_merge(o, token=token), p["W_o"])
@@ -540,12 +548,7 @@ def _kda(params, x, cache, *, token):
     A_log = np.repeat(p["A_log"], c.d_k)                                         # one A per head, per channel
     log_gate = _heads(blocks.softplus_log_gate(f, A_log, p["dt_bias"]), c.n_heads, c.d_k, token=token)
     beta = _to_time_last(blocks.sigmoid(blocks.linear(x, p["W_b"])), token=token)
-    scale = c.d_k ** -0.5
-    if token:
-        o, state = kda_step(q, k, v, beta=beta, log_gate=log_gate, scale=scale, initial_state=state)
-    else:
-        o, state = kda_chunkwise(q, k, v, beta=beta, log_gate=log_gate, scale=scale, initial_state=state,
-                                 chunk_size=c.chunk_size)
+    o, state = _core(KDA, q, k, v, {"beta": beta, "log_gate": log_gate}, state, c, token=token)
     g = _heads(blocks.linear(blocks.linear(x, p["W_g_down"]), p["W_g_up"]), c.n_heads, c.d_v, token=token)
     o = blocks.rms_norm(o, p["norm_weight"], eps=c.norm_eps) * blocks.sigmoid(g)   # sigmoid output gate
     y = blocks.linear(_merge(o, token=token), p["W_o"])

@@ -6,10 +6,12 @@ core that mixes the tokens. This module names those cores once, under the ids of
 :mod:`fixedstate.layer_ids`, with one calling convention, so that a stack chooses
 its core by looking it up rather than by a chain of ``if``:
 
-- the toy hybrid stack of chapter 6 (:mod:`fixedstate.hybrid`) runs ``forward``
+- the toy hybrid stack of chapter 6 (:mod:`fixedstate.toy_stack`) runs ``forward``
   over a sequence and ``step`` over one token against a cache;
 - the trainable model of chapter 9 (:mod:`fixedstate.training`) runs ``forward``
-  and ``backward``.
+  and ``backward``;
+- the shipped Gated DeltaNet and KDA layers (:mod:`fixedstate.layers`) run
+  ``forward`` (prefill, from a cache) and ``step`` (decode).
 
 An entry (:class:`Mixer`) says which per-token gates its core reads, besides the
 queries, keys and values (``gates``: ``"beta"``, ``"log_gate"``, or the SSD's
@@ -17,10 +19,11 @@ queries, keys and values (``gates``: ``"beta"``, ``"log_gate"``, or the SSD's
 before it (``normalize_qk``). Its functions are thin: each calls the core's public
 form, so the arithmetic lives in the core's module and nowhere else.
 
-- ``forward(q, k, v, gates, *, scale, chunk_size) -> outputs`` over a sequence
-  ``(..., T, d)``: the chunkwise form where the core has one, else its matrix or
-  recurrent form; ``scale`` multiplies the readout (softmax: the logits);
-  ``chunk_size`` is the chunk of a chunkwise form (others ignore it).
+- ``forward(q, k, v, gates, *, scale, chunk_size, initial_state=None) -> (outputs, state)``
+  over a sequence ``(..., T, d)``: the chunkwise form where the core has one, else its
+  matrix or recurrent form; ``scale`` multiplies the readout (softmax: the logits);
+  ``chunk_size`` is the chunk of a chunkwise form (others ignore it); the state (or
+  KV cache) carried in and out, as the cores' own signature has it.
 - ``backward(q, k, v, gates, d_out, *, scale) -> (dq, dk, dv, d_gates)``, the
   gradients of ``forward`` (``d_gates`` a dict with one array per gate).
 - ``step(q, k, v, gates, cache, *, scale) -> (output, cache)``, one token ``(..., d)``
@@ -69,8 +72,8 @@ def _unscaled(scale, layer_id):
 
 # ------------------------------------------------------------------------- softmax attention
 
-def _softmax_forward(q, k, v, gates, *, scale=None, chunk_size=None):
-    return sa.softmax_attention(q, k, v, causal=True, scale=scale)[0]
+def _softmax_forward(q, k, v, gates, *, scale=None, chunk_size=None, initial_state=None):
+    return sa.softmax_attention(q, k, v, causal=True, scale=scale, initial_state=initial_state)
 
 
 def _softmax_backward(q, k, v, gates, d_out, *, scale=None):
@@ -84,9 +87,9 @@ def _softmax_step(q, k, v, gates, cache, *, scale=None):
 
 # ------------------------------------------------------------------------- linear attention
 
-def _linear_forward(q, k, v, gates, *, scale=1.0, chunk_size=64):
+def _linear_forward(q, k, v, gates, *, scale=1.0, chunk_size=64, initial_state=None):
     return la.linear_attention_chunkwise(q, k, v, feature_map=la.identity_feature_map, normalize=False,
-                                         scale=scale, chunk_size=chunk_size)[0]
+                                         scale=scale, initial_state=initial_state, chunk_size=chunk_size)
 
 
 def _linear_backward(q, k, v, gates, d_out, *, scale=1.0):
@@ -102,8 +105,9 @@ def _linear_step(q, k, v, gates, cache, *, scale=1.0):
 
 # ------------------------------------------------------------------------- the delta rule family
 
-def _delta_forward(q, k, v, gates, *, scale=1.0, chunk_size=64):
-    return dr.delta_rule_chunkwise(q, k, v, beta=gates["beta"], scale=scale, chunk_size=chunk_size)[0]
+def _delta_forward(q, k, v, gates, *, scale=1.0, chunk_size=64, initial_state=None):
+    return dr.delta_rule_chunkwise(q, k, v, beta=gates["beta"], scale=scale, initial_state=initial_state,
+                                   chunk_size=chunk_size)
 
 
 def _delta_backward(q, k, v, gates, d_out, *, scale=1.0):
@@ -116,9 +120,9 @@ def _delta_step(q, k, v, gates, cache, *, scale=1.0):
     return dr.delta_rule_step(q, k, v, beta=gates["beta"], scale=scale, initial_state=cache)
 
 
-def _gated_delta_forward(q, k, v, gates, *, scale=1.0, chunk_size=64):
+def _gated_delta_forward(q, k, v, gates, *, scale=1.0, chunk_size=64, initial_state=None):
     return dr.gated_delta_rule_chunkwise(q, k, v, beta=gates["beta"], log_gate=gates["log_gate"], scale=scale,
-                                         chunk_size=chunk_size)[0]
+                                         initial_state=initial_state, chunk_size=chunk_size)
 
 
 def _gated_delta_backward(q, k, v, gates, d_out, *, scale=1.0):
@@ -133,9 +137,9 @@ def _gated_delta_step(q, k, v, gates, cache, *, scale=1.0):
                                     initial_state=cache)
 
 
-def _kda_forward(q, k, v, gates, *, scale=1.0, chunk_size=64):
+def _kda_forward(q, k, v, gates, *, scale=1.0, chunk_size=64, initial_state=None):
     return dr.kda_chunkwise(q, k, v, beta=gates["beta"], log_gate=gates["log_gate"], scale=scale,
-                            chunk_size=chunk_size)[0]
+                            initial_state=initial_state, chunk_size=chunk_size)
 
 
 def _kda_backward(q, k, v, gates, d_out, *, scale=1.0):
@@ -151,9 +155,9 @@ def _kda_step(q, k, v, gates, cache, *, scale=1.0):
 
 # ------------------------------------------------------------------------- Mamba-2's SSD
 
-def _ssd_forward(q, k, v, gates, *, scale=1.0, chunk_size=None):
+def _ssd_forward(q, k, v, gates, *, scale=1.0, chunk_size=None, initial_state=None):
     _unscaled(scale, SSD)
-    return ssm.ssd_recurrent(v, gates["delta"], gates["a"], k, q)[0]
+    return ssm.ssd_recurrent(v, gates["delta"], gates["a"], k, q, initial_state=initial_state)
 
 
 def _ssd_backward(q, k, v, gates, d_out, *, scale=1.0):

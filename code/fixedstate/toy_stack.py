@@ -150,7 +150,7 @@ def stack_forward(params: dict, inputs, *, chunk_size: int = 64) -> np.ndarray:
 
     def mix(layer, h):
         entry, q, k, v, gates = _mixer_inputs(layer, h, n_heads)
-        return entry.forward(q, k, v, gates, scale=scale, chunk_size=chunk_size)
+        return entry.forward(q, k, v, gates, scale=scale, chunk_size=chunk_size)[0]
 
     for layer in params["layers"]:
         x = _block(layer, x, lambda h, layer=layer: mix(layer, h))

@@ -351,7 +351,7 @@ def _mixer_forward(layer_id, p, L, config, u):
     if entry.normalize_qk:
         q, k = bl.l2_normalize(q), bl.l2_normalize(k)
     scale = 1 / math.sqrt(q.shape[-1]) if layer_id in _SCALED else 1.0
-    s["o"] = entry.forward(q, k, s["v"], gates, scale=scale, chunk_size=config.chunk_size)
+    s["o"], _ = entry.forward(q, k, s["v"], gates, scale=scale, chunk_size=config.chunk_size)
     return bl.linear(s["o"], p[L + "W_o"]), s
 
 
