@@ -390,6 +390,19 @@ def test_layers_refuse_bad_input_naming_it(name):
         f(other, x)
 
 
+def test_mamba2_norm_before_gate_is_mamba_ssms_flag():
+    """False (the default) gates first, rms_norm(y * silu(z)); True normalises first, rms_norm(y) * silu(z)."""
+    config = L.Mamba2Config(d_model=8, n_heads=2, head_dim=3, d_state=4)
+    params = L.init_mamba2(config, 5)
+    x = np.random.default_rng(5).standard_normal((6, 8))
+    flipped = dict(params, config=L.Mamba2Config(d_model=8, n_heads=2, head_dim=3, d_state=4, norm_before_gate=True))
+    y, _ = L.mamba2_block(params, x)
+    y_flipped, _ = L.mamba2_block(flipped, x)
+    assert rel(y, y_flipped) > 1e-3                            # the order matters
+    with pytest.raises(ValueError, match="norm_before_gate"):
+        L.Mamba2Config(d_model=8, n_heads=2, head_dim=3, d_state=4, norm_before_gate="yes")
+
+
 def test_helpers_refuse_bad_input():
     with pytest.raises(ValueError, match="config"):
         L.cache_numbers("gdn")

@@ -169,7 +169,9 @@ class Mamba2Config:
 
     ``d_inner = n_heads * head_dim``; ``B`` and ``C`` (``d_state`` = N each) are
     shared by groups of heads (``n_groups`` divides ``n_heads``), and the output
-    norm normalises each group's ``d_inner / n_groups`` channels.
+    norm normalises each group's ``d_inner / n_groups`` channels. ``norm_before_gate``
+    is ``mamba_ssm``'s argument of the same name: False (Mamba-2's default), the gate
+    first, ``rms_norm(y * silu(z))``; True, ``rms_norm(y) * silu(z)``.
     """
 
     d_model: int
@@ -181,10 +183,11 @@ class Mamba2Config:
     conv_bias: bool = True
     norm_eps: float = 1e-5
     chunk_size: int = 64
+    norm_before_gate: bool = False
 
     def __post_init__(self):
         _check_fields(self, ("d_model", "n_heads", "head_dim", "d_state", "n_groups", "conv_kernel", "chunk_size"),
-                      ("norm_eps",), ("conv_bias",))
+                      ("norm_eps",), ("conv_bias", "norm_before_gate"))
         if self.n_heads % self.n_groups:
             raise ValueError(f"n_groups: expected a divisor of n_heads={self.n_heads}, got {self.n_groups}")
 
@@ -639,7 +642,7 @@ def _mamba2(params, x, cache, *, token):
     y = _merge(y, token=token)                                                          # (..., T, d_inner)
     g = (c.n_groups, di // c.n_groups)
     y = blocks.gated_rms_norm(y.reshape(y.shape[:-1] + g), z.reshape(z.shape[:-1] + g), eps=c.norm_eps,
-                              norm_before_gate=False).reshape(y.shape) * p["norm_weight"]
+                              norm_before_gate=c.norm_before_gate).reshape(y.shape) * p["norm_weight"]
     return blocks.linear(y, p["W_out"]), {"conv": conv_state, "state": state}
 
 
