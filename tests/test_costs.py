@@ -193,3 +193,21 @@ def test_chunkwise_flops_of_the_benchmark_case():
             costs.delta_rule_chunkwise_flops(10, 2, 2, layer=other)
     with pytest.raises(ValueError, match="chunk_size"):
         costs.delta_rule_chunkwise_flops(10, 2, 2, chunk_size=0)
+
+
+# --------------------------------------------------------------------------- state-space models (chapter 4)
+
+def test_state_bytes_and_the_worked_problem():
+    # 16 * 4096 * 32 * 2 bytes, counted independently
+    assert costs.ssm_state_bytes(4096, 32, 16) == 16 * 4096 * 32 * 2
+    assert costs.ssm_state_bytes(4096, 32, 16, expand=2, batch=3) == 3 * 2 * 16 * 4096 * 32 * 2
+
+
+def test_flop_counts_scale_as_stated():
+    assert costs.selective_scan_flops(2000, 64, 16) == 2 * costs.selective_scan_flops(1000, 64, 16)
+    assert costs.ssm_decode_flops(64, 16) * 1000 == costs.selective_scan_flops(1000, 64, 16)
+    f1, f2 = costs.s4_fft_conv_flops(1024, 8, 16), costs.s4_fft_conv_flops(2048, 8, 16)
+    assert 2.0 < f2 / f1 < 2.5            # n log n: a little more than doubling
+
+
+# --------------------------------------------------------------------------- Mamba-2's chunked algorithm (#16)
