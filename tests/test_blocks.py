@@ -323,7 +323,7 @@ def toy_mixer(W):
 
 
 @FAST
-@given(lead=leading_shapes, d=st.integers(1, 4), ff=st.integers(1, 5), seed=st.integers(0, 10**6),
+@given(lead=leading_shapes, d=st.integers(2, 4), ff=st.integers(1, 5), seed=st.integers(0, 10**6),
        with_mlp=st.booleans(), with_norms=st.booleans())
 def test_residual_block_is_its_formula_and_its_backward_matches_finite_differences(lead, d, ff, seed, with_mlp,
                                                                                    with_norms):
@@ -332,6 +332,8 @@ def test_residual_block_is_its_formula_and_its_backward_matches_finite_differenc
     W = rng.standard_normal((d, d))
     W_1, W_2 = (rng.standard_normal((d, ff)), rng.standard_normal((ff, d))) if with_mlp else (None, None)
     n1, n2 = (1 + 0.3 * rng.standard_normal(d), 1 + 0.3 * rng.standard_normal(d)) if with_norms else (None, None)
+    # d >= 2, as for the norms' own test: at d = 1, RMSNorm is sign(x) smoothed over |x| ~ sqrt(eps), and a
+    # residual stream that passes near 0 there has a curvature no finite difference resolves
     forward, backward = toy_mixer(W)
     y, saved = bl.residual_block(x, forward, W_1, W_2, norm_mixer=n1, norm_mlp=n2)
     want = x + np.tanh(bl.rms_norm(x, n1)) @ W
