@@ -6,6 +6,7 @@ import pytest
 
 from fixedstate import costs
 from fixedstate import hybrid as hy
+from fixedstate import time_model as tm
 from fixedstate.checks import hybrid as ch
 
 
@@ -94,7 +95,7 @@ def fit_reference(context_lengths, tokens_per_second):
 def test_time_check_passes_on_the_reference():
     result = ch.check_fit_time_model(fit_reference)
     assert result.passed, result.message
-    assert ch.check_fit_time_model(hy.fit_time_model).passed
+    assert ch.check_fit_time_model(tm.fit_time_model).passed
 
 
 def fit_throughput_line(lengths, rates):

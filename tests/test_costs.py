@@ -156,7 +156,7 @@ def test_bad_input_names_the_argument(call, name):
 
 # --------------------------------------------------------------------------- the chunkwise delta rule
 
-@pytest.mark.parametrize("layer", ["delta", "gated", "kda"])
+@pytest.mark.parametrize("layer", ["delta", "gated_delta", "kda"])
 @pytest.mark.parametrize("T,d_k,d_v,chunk,lead", [(4096, 128, 128, 64, ()), (300, 8, 5, 64, ()), (130, 6, 7, 48, ()),
                                                   (50, 4, 3, 1, ()), (37, 5, 4, 8, (3,)), (0, 3, 2, 16, ())])
 def test_chunkwise_flops_count_the_products_the_forms_call(layer, T, d_k, d_v, chunk, lead):
@@ -168,7 +168,7 @@ def test_chunkwise_flops_count_the_products_the_forms_call(layer, T, d_k, d_v, c
     k /= np.linalg.norm(k, axis=-1, keepdims=True)
     v = rng.standard_normal(lead + (T, d_v))
     beta = rng.uniform(0, 1, lead + (T,))
-    fn = {"delta": dr.delta_rule_chunkwise, "gated": dr.gated_delta_rule_chunkwise, "kda": dr.kda_chunkwise}[layer]
+    fn = {"delta": dr.delta_rule_chunkwise, "gated_delta": dr.gated_delta_rule_chunkwise, "kda": dr.kda_chunkwise}[layer]
     gate = {} if layer == "delta" else {"log_gate": -rng.uniform(0, 1, lead + ((T, d_k) if layer == "kda" else (T,)))}
     with kernels.recording_products() as steps:
         fn(q, k, v, beta=beta, **gate, chunk_size=chunk)
@@ -188,7 +188,26 @@ def test_chunkwise_flops_of_the_benchmark_case():
     flops = costs.delta_rule_chunkwise_flops(4096, 128, 128)
     assert flops == 64 * 11_708_416 and 0.74e9 < flops < 0.76e9
     assert costs.delta_rule_chunkwise_flops(4096, 128, 128, layer="kda") < flops
-    with pytest.raises(ValueError, match="layer"):
-        costs.delta_rule_chunkwise_flops(10, 2, 2, layer="mamba")
+    for other in ("mamba", "gated", "ssd"):          # only the delta rule's ids of fixedstate.layer_ids
+        with pytest.raises(ValueError, match="layer"):
+            costs.delta_rule_chunkwise_flops(10, 2, 2, layer=other)
     with pytest.raises(ValueError, match="chunk_size"):
         costs.delta_rule_chunkwise_flops(10, 2, 2, chunk_size=0)
+
+
+# --------------------------------------------------------------------------- state-space models (chapter 4)
+
+def test_state_bytes_and_the_worked_problem():
+    # 16 * 4096 * 32 * 2 bytes, counted independently
+    assert costs.ssm_state_bytes(4096, 32, 16) == 16 * 4096 * 32 * 2
+    assert costs.ssm_state_bytes(4096, 32, 16, expand=2, batch=3) == 3 * 2 * 16 * 4096 * 32 * 2
+
+
+def test_flop_counts_scale_as_stated():
+    assert costs.selective_scan_flops(2000, 64, 16) == 2 * costs.selective_scan_flops(1000, 64, 16)
+    assert costs.ssm_decode_flops(64, 16) * 1000 == costs.selective_scan_flops(1000, 64, 16)
+    f1, f2 = costs.s4_fft_conv_flops(1024, 8, 16), costs.s4_fft_conv_flops(2048, 8, 16)
+    assert 2.0 < f2 / f1 < 2.5            # n log n: a little more than doubling
+
+
+# --------------------------------------------------------------------------- Mamba-2's chunked algorithm (#16)

@@ -9,6 +9,8 @@ from hypothesis import given, strategies as st
 from _examples import examples
 
 from fixedstate import hybrid as hy
+from fixedstate import time_model as tm
+from fixedstate import toy_stack as ts
 
 FAST = examples(40)
 
@@ -56,7 +58,7 @@ def test_qwen_configuration_reproduces_published_parameter_counts_and_flops():
 
 def test_parameters_per_layer_match_the_arrays_of_a_toy_stack():
     d, h, ff = 24, 3, 40
-    params = hy.init_stack(4, d, h, (1,), d_ff=ff)
+    params = ts.init_stack(4, d, h, (1,), d_ff=ff)
     c = hy.HybridConfig(n_layers=4, d_model=d, d_ff=ff, vocab_size=10, attention_layers=(1,),
                         n_heads=h, n_kv_heads=h, head_dim=d // h, n_linear_heads=h,
                         n_linear_key_heads=h, linear_key_dim=d // h, linear_value_dim=d // h,
@@ -68,7 +70,7 @@ def test_parameters_per_layer_match_the_arrays_of_a_toy_stack():
 
     mixer = ["W_q", "W_k", "W_v", "W_o"]
     assert per["full_attention"] == size(params["layers"][1], mixer)
-    assert per["linear_attention"] == size(params["layers"][0], mixer + ["W_beta", "W_gate"])
+    assert per["linear_attention"] == size(params["layers"][0], mixer + ["W_b", "W_a"])
     assert per["mlp"] == size(params["layers"][0], ["W_1", "W_2"])
 
 
@@ -162,12 +164,12 @@ def test_conv_buffer_is_what_the_short_convolution_carries():
 
 
 def test_toy_stack_state_stays_fixed_while_kv_cache_grows():
-    params = hy.init_stack(4, 16, 2, (3,), d_ff=0)
+    params = ts.init_stack(4, 16, 2, (3,), d_ff=0)
     x = np.random.default_rng(0).standard_normal((9, 16))
-    _, cache5 = hy.stack_decode(params, x[:5])
-    _, cache9 = hy.stack_decode(params, x)
+    _, cache5 = ts.stack_decode(params, x[:5])
+    _, cache9 = ts.stack_decode(params, x)
     for layer, c5, c9 in zip(params["layers"], cache5, cache9):
-        if layer["kind"] == "linear":
+        if layer["layer_id"] == "gated_delta":
             assert c5.shape == c9.shape == (2, 8, 8)
         else:
             assert c5.length == 5 and c9.length == 9
@@ -194,28 +196,28 @@ def test_decode_flops_grow_only_through_the_attention_layers(l1, extra):
 def test_time_model_fit_recovers_the_line(a, b, l1, extra):
     l2 = l1 + extra
     rates = [1 / (a + b * l1), 1 / (a + b * l2)]
-    fa, fb = hy.fit_time_model([l1, l2], rates)
+    fa, fb = tm.fit_time_model([l1, l2], rates)
     assert fa == pytest.approx(a, rel=1e-8)
     assert fb == pytest.approx(b, rel=1e-6)
-    np.testing.assert_allclose(hy.predicted_tokens_per_second(fa, fb, np.array([l1, l2])), rates, rtol=1e-10)
-    share = hy.attention_time_share(fa, fb, l2)
+    np.testing.assert_allclose(tm.predicted_tokens_per_second(fa, fb, np.array([l1, l2])), rates, rtol=1e-10)
+    share = tm.attention_time_share(fa, fb, l2)
     assert share == pytest.approx(b * l2 / (a + b * l2), rel=1e-6)
 
 
 def test_time_model_on_the_published_throughput():
-    a, b = hy.fit_time_model([2500, 16000], [224, 199])
+    a, b = tm.fit_time_model([2500, 16000], [224, 199])
     # slope and intercept from the two reciprocals, done by hand
     slope = (1 / 199 - 1 / 224) / (16000 - 2500)
     assert b == pytest.approx(slope, rel=1e-12)
     assert a == pytest.approx(1 / 224 - 2500 * slope, rel=1e-12)
-    assert hy.predicted_tokens_per_second(a, b, 2500) == pytest.approx(224, rel=1e-12)
-    assert 0 < hy.attention_time_share(a, b, 2500) < hy.attention_time_share(a, b, 16000) < 1
+    assert tm.predicted_tokens_per_second(a, b, 2500) == pytest.approx(224, rel=1e-12)
+    assert 0 < tm.attention_time_share(a, b, 2500) < tm.attention_time_share(a, b, 16000) < 1
 
 
 def test_all_attention_twin_scales_the_context_term_by_the_cache():
     c = hy.qwen35_9b_config()
-    a, b = hy.fit_time_model([2500, 16000], [224, 199])
-    a_full, b_full = hy.all_attention_time_model(c, a, b)
+    a, b = tm.fit_time_model([2500, 16000], [224, 199])
+    a_full, b_full = tm.all_attention_time_model(c, a, b)
     assert b_full == pytest.approx(4 * b, rel=1e-12)
     # weights per token: 32 attention layers in place of 24 linear ones (independent count)
     per = hy.parameters_per_layer(c)
@@ -224,7 +226,7 @@ def test_all_attention_twin_scales_the_context_term_by_the_cache():
         (p["total"] - p["embedding"])
     assert a_full == pytest.approx(a * ratio, rel=1e-12)
     with pytest.raises(ValueError, match="config"):
-        hy.all_attention_time_model(hy.all_linear(c), a, b)
+        tm.all_attention_time_model(hy.all_linear(c), a, b)
 
 
 # --- the toy stack: the decode step is the same computation as the forward pass --------------
@@ -235,10 +237,10 @@ def test_all_attention_twin_scales_the_context_term_by_the_cache():
 def test_decode_steps_equal_the_forward_pass(T, chunk, seed, layout, d_ff):
     n_layers = 8
     attn = {"hybrid": hy.every_nth_layer(n_layers, 4), "attention": range(n_layers), "linear": ()}[layout]
-    params = hy.init_stack(n_layers, 12, 2, attn, d_ff=d_ff, seed=seed)
+    params = ts.init_stack(n_layers, 12, 2, attn, d_ff=d_ff, seed=seed)
     x = np.random.default_rng(seed + 1).standard_normal((T, 12))
-    full = hy.stack_forward(params, x, chunk_size=chunk)
-    steps, _ = hy.stack_decode(params, x)
+    full = ts.stack_forward(params, x, chunk_size=chunk)
+    steps, _ = ts.stack_decode(params, x)
     np.testing.assert_allclose(steps, full, rtol=1e-10, atol=1e-12)
 
 
@@ -263,11 +265,11 @@ def reference_stack_forward(params, x, chunk_size):
         heads = []
         for j in range(n_heads):
             cols = slice(j * d_h, (j + 1) * d_h)
-            if layer["kind"] == "attention":
+            if layer["layer_id"] == "softmax":
                 out, _ = softmax_attention_loop(q[:, cols], k[:, cols], v[:, cols], scale=scale)
             else:
-                beta = 1 / (1 + np.exp(-(h @ layer["W_beta"])[:, j]))
-                gate = 1 / (1 + np.exp(-(h @ layer["W_gate"] + layer["b_gate"])[:, j]))
+                beta = 1 / (1 + np.exp(-(h @ layer["W_b"])[:, j]))
+                gate = 1 / (1 + np.exp(-(h @ layer["W_a"] + layer["b_a"])[:, j]))
                 out, _ = gated_delta_rule_loop(unit(q[:, cols]), unit(k[:, cols]), v[:, cols], beta=beta,
                                                log_gate=np.log(gate), scale=scale)
             heads.append(out)
@@ -283,45 +285,45 @@ def reference_stack_forward(params, x, chunk_size):
        layout=st.sampled_from(["hybrid", "attention", "linear"]), d_ff=st.sampled_from([0, 24]))
 def test_heads_in_one_call_equal_a_loop_over_heads(T, chunk, seed, layout, d_ff):
     attn = {"hybrid": (1,), "attention": range(3), "linear": ()}[layout]
-    params = hy.init_stack(3, 12, 3, attn, d_ff=d_ff, seed=seed)
+    params = ts.init_stack(3, 12, 3, attn, d_ff=d_ff, seed=seed)
     x = np.random.default_rng(seed + 1).standard_normal((T, 12))
-    np.testing.assert_allclose(hy.stack_forward(params, x, chunk_size=chunk),
+    np.testing.assert_allclose(ts.stack_forward(params, x, chunk_size=chunk),
                                reference_stack_forward(params, x, chunk), rtol=1e-10, atol=1e-12)
 
 
 def test_a_float32_stack_computes_in_float32():
-    params = hy.init_stack(4, 8, 2, (1, 3), d_ff=8, dtype=np.float32, seed=2)
+    params = ts.init_stack(4, 8, 2, (1, 3), d_ff=8, dtype=np.float32, seed=2)
     x = np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32)
-    full = hy.stack_forward(params, x)
-    steps, cache = hy.stack_decode(params, x)
+    full = ts.stack_forward(params, x)
+    steps, cache = ts.stack_decode(params, x)
     assert full.dtype == steps.dtype == np.float32
     assert cache[0].dtype == np.float32
     np.testing.assert_allclose(steps, full, rtol=1e-4, atol=1e-5)
 
 
 def test_decode_continues_a_prefix():
-    params = hy.init_stack(8, 16, 2, hy.every_nth_layer(8, 4), d_ff=16, seed=3)
+    params = ts.init_stack(8, 16, 2, hy.every_nth_layer(8, 4), d_ff=16, seed=3)
     x = np.random.default_rng(4).standard_normal((20, 16))
-    _, cache = hy.stack_decode(params, x[:12])
-    tail, _ = hy.stack_decode(params, x[12:], cache)
-    np.testing.assert_allclose(tail, hy.stack_forward(params, x)[12:], rtol=1e-10, atol=1e-12)
+    _, cache = ts.stack_decode(params, x[:12])
+    tail, _ = ts.stack_decode(params, x[12:], cache)
+    np.testing.assert_allclose(tail, ts.stack_forward(params, x)[12:], rtol=1e-10, atol=1e-12)
 
 
 def test_layers_really_differ_by_kind():
     # the same weights with a different layout give a different output
     x = np.random.default_rng(5).standard_normal((10, 16))
-    a = hy.stack_forward(hy.init_stack(4, 16, 2, (), seed=1), x)
-    b = hy.stack_forward(hy.init_stack(4, 16, 2, range(4), seed=1), x)
+    a = ts.stack_forward(ts.init_stack(4, 16, 2, (), seed=1), x)
+    b = ts.stack_forward(ts.init_stack(4, 16, 2, range(4), seed=1), x)
     assert np.abs(a - b).max() > 1e-3
 
 
 def test_synthetic_cache_has_the_sizes_of_the_context():
-    params = hy.init_stack(2, 8, 2, (1,))
-    cache = hy.synthetic_cache(params, 64)
+    params = ts.init_stack(2, 8, 2, (1,))
+    cache = ts.synthetic_cache(params, 64)
     assert cache[0].shape == (2, 4, 4)
     assert cache[1].keys.shape == (2, 64, 4) and cache[1].values.shape == (2, 64, 4)
     # a decode step continues from it: one more token in the attention layer's cache
-    _, cache = hy.stack_decode_step(params, np.ones(8), cache)
+    _, cache = ts.stack_decode_step(params, np.ones(8), cache)
     assert cache[1].keys.shape == (2, 65, 4)
 
 
@@ -335,7 +337,7 @@ def test_bad_layout_is_refused(layout, match):
         small_config(attention_layers=layout)
     assert match in str(info.value)
     with pytest.raises(ValueError, match="attention_layers"):
-        hy.init_stack(8, 16, 2, layout)
+        ts.init_stack(8, 16, 2, layout)
 
 
 @pytest.mark.parametrize("field", ["n_layers", "d_model", "d_ff", "vocab_size", "n_heads", "head_dim",
@@ -348,15 +350,15 @@ def test_non_positive_sizes_are_refused(field, value):
 
 def test_head_counts_must_divide():
     with pytest.raises(ValueError, match="n_heads"):
-        hy.init_stack(4, 10, 3, ())
+        ts.init_stack(4, 10, 3, ())
     with pytest.raises(ValueError, match="n_kv_heads"):
         small_config(n_kv_heads=3)
     with pytest.raises(ValueError, match="n_linear_key_heads"):
         small_config(n_linear_key_heads=3)
     with pytest.raises(ValueError, match="n_layers"):
-        hy.init_stack(0, 16, 2, ())
+        ts.init_stack(0, 16, 2, ())
     with pytest.raises(ValueError, match="d_model"):
-        hy.init_stack(4, 0, 2, ())
+        ts.init_stack(4, 0, 2, ())
 
 
 def test_other_bad_input():
@@ -369,15 +371,15 @@ def test_other_bad_input():
     with pytest.raises(ValueError, match="^conv_dim"):
         small_config(conv_dim=0)
     with pytest.raises(ValueError, match="context_lengths"):
-        hy.fit_time_model([100, 100], [5, 4])
+        tm.fit_time_model([100, 100], [5, 4])
     with pytest.raises(ValueError, match="tokens_per_second"):
-        hy.fit_time_model([100, 200], [5, -4])
+        tm.fit_time_model([100, 200], [5, -4])
     with pytest.raises(ValueError, match="config"):
         hy.parameter_counts({"n_layers": 2})
     with pytest.raises(ValueError, match="mlp"):
         hy.flops_from_parameter_counts(-1, 0, 0)
     with pytest.raises(ValueError, match="inputs"):
-        hy.stack_forward(hy.init_stack(2, 8, 2, ()), np.zeros((3, 7)))
+        ts.stack_forward(ts.init_stack(2, 8, 2, ()), np.zeros((3, 7)))
     with pytest.raises(ValueError, match="every_nth|n"):
         hy.every_nth_layer(32, 0)
     frozen = small_config()

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 
 from _examples import examples
 
+from fixedstate import blocks as bl
 from fixedstate import layers as L
+from fixedstate import ssm
 
 FAST = examples(25)
 leading_shapes = st.lists(st.integers(1, 2), min_size=0, max_size=2).map(tuple)
@@ -274,9 +276,9 @@ def test_each_layer_is_its_equations_token_by_token(name, data, T, seed):
 
 # ----------------------------------------------------------------------------- gates, caches, budgets
 
-def test_log_decay_is_the_shipped_gate_and_unbounded_below():
+def test_softplus_log_gate_is_the_shipped_gate_and_unbounded_below():
     raw = np.array([-30.0, 0.0, 3.0, 700.0])
-    got = L.log_decay(raw, np.log(2.0), 0.5)
+    got = bl.softplus_log_gate(raw, np.log(2.0), 0.5)
     np.testing.assert_allclose(got, -2.0 * np.logaddexp(0, raw + 0.5), rtol=1e-15)
     assert np.all(got <= 0) and got[-1] < -1000
 
@@ -290,6 +292,28 @@ def test_kda_layer_is_safe_with_strongly_decaying_gates():
         y, cache = L.kda_layer(params, x)
     assert np.isfinite(y).all() and np.isfinite(cache["state"]).all()
     assert rel(y[0], kda_reference(params, x[0])) < 1e-10
+
+
+@pytest.mark.parametrize("T, chunk_size", [(1, 4), (7, 4), (8, 4), (13, 64), (13, 3)])
+def test_mamba2_core_equals_its_former_path_ssd_quadratic_chunk_by_chunk(T, chunk_size):
+    """The Mamba-2 block's core is ssm.ssd_chunkwise; it used to loop ssm.ssd_quadratic chunk after chunk,
+    carrying the state. On the block's shapes (a batch, heads, B and C repeated over groups of heads, D
+    and a per head, an incoming state) the two agree to float64 precision."""
+    rng = np.random.default_rng(T)
+    H, P, N, groups = 4, 3, 5, 2
+    u = rng.standard_normal((2, H, T, P))
+    delta = bl.softplus(rng.standard_normal((2, H, T)))
+    a = -np.exp(rng.standard_normal(H))
+    B, C = (np.repeat(rng.standard_normal((2, groups, T, N)), H // groups, axis=-3) for _ in range(2))
+    D, S = rng.standard_normal(H), rng.standard_normal((2, H, N, P))
+    y, S_out = ssm.ssd_chunkwise(u, delta, a, B, C, D=D, initial_state=S, chunk_size=chunk_size)
+    ys, S_old = [], S
+    for t0 in range(0, T, chunk_size):
+        sl = slice(t0, t0 + chunk_size)
+        y_c, S_old = ssm.ssd_quadratic(u[..., sl, :], delta[..., sl], a, B[..., sl, :], C[..., sl, :], D=D,
+                                       initial_state=S_old)
+        ys.append(y_c)
+    assert rel(y, np.concatenate(ys, axis=-2)) < 1e-12 and rel(S_out, S_old) < 1e-12
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
@@ -366,16 +390,29 @@ def test_layers_refuse_bad_input_naming_it(name):
         f(other, x)
 
 
+def test_mamba2_norm_before_gate_is_mamba_ssms_flag():
+    """False (the default) gates first, rms_norm(y * silu(z)); True normalises first, rms_norm(y) * silu(z)."""
+    config = L.Mamba2Config(d_model=8, n_heads=2, head_dim=3, d_state=4)
+    params = L.init_mamba2(config, 5)
+    x = np.random.default_rng(5).standard_normal((6, 8))
+    flipped = dict(params, config=L.Mamba2Config(d_model=8, n_heads=2, head_dim=3, d_state=4, norm_before_gate=True))
+    y, _ = L.mamba2_block(params, x)
+    y_flipped, _ = L.mamba2_block(flipped, x)
+    assert rel(y, y_flipped) > 1e-3                            # the order matters
+    with pytest.raises(ValueError, match="norm_before_gate"):
+        L.Mamba2Config(d_model=8, n_heads=2, head_dim=3, d_state=4, norm_before_gate="yes")
+
+
 def test_helpers_refuse_bad_input():
     with pytest.raises(ValueError, match="config"):
         L.cache_numbers("gdn")
     with pytest.raises(ValueError, match="batch_shape"):
         L.empty_cache(L.MambaConfig(8, 4, 2, 1), (0,))
     with pytest.raises(ValueError, match="A_log, dt_bias"):
-        L.log_decay(np.zeros(3), np.zeros(2), 0.0)
+        bl.softplus_log_gate(np.zeros(3), np.zeros(2), 0.0)
     with pytest.raises(ValueError, match="config"):
         L.parameter_shapes(object())
-    assert math.isclose(L.log_decay(0.0, 0.0, 0.0), -math.log(2))
+    assert math.isclose(bl.softplus_log_gate(0.0, 0.0, 0.0), -math.log(2))
 
 
 def test_qwen3_next_projections_are_unscrambled_group_by_group():

@@ -10,7 +10,7 @@ from _examples import examples
 
 from fixedstate import costs
 from fixedstate import delta_rule as dr
-from fixedstate import hybrid as hy
+from fixedstate import toy_stack as ts
 from fixedstate import kernels
 from fixedstate import timing
 
@@ -43,7 +43,7 @@ def test_time_lab_update_is_positive():
 
 
 def test_measure_decode_seconds_shape_and_sign():
-    params = hy.init_stack(2, 8, 2, (1,))
+    params = ts.init_stack(2, 8, 2, (1,))
     t = timing.measure_decode_seconds(params, [0, 64], n_steps=2)
     assert t.shape == (2,) and np.all(t > 0) and np.all(np.isfinite(t))
     assert timing.measure_decode_seconds(params, 16, n_steps=1).shape == ()

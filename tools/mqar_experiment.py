@@ -35,11 +35,11 @@ TUNING_BUDGET = ("learning rate only, chosen per mixer from lr_grid on one confi
                  "by test accuracy (ties: lower final training loss), then fixed for every width, pair count "
                  "and seed; the same grid and rule for every mixer; nothing else tuned")
 
-INIT_SWEEP = ("init_model's default: the SSD's step bias b_dt = 0 (step softplus(0) = ln 2 before the input's "
-              "share), a_log = 0 (a = -1)")
-INIT_FOLLOWUP = ("as the sweep except the SSD's step bias: b_dt = softplus^-1(ssd_dt_init) = log(expm1(0.01)), "
+INIT_SWEEP = ("init_model's default: the SSD's step bias dt_bias = 0 (step softplus(0) = ln 2 before the input's "
+              "share), A_log = 0 (a = -1)")
+INIT_FOLLOWUP = ("as the sweep except the SSD's step bias: dt_bias = softplus^-1(ssd_dt_init) = log(expm1(0.01)), "
                  "so the step starts at 0.01 before the input's share and the per-token decay at exp(-0.01); "
-                 "a_log = 0 (a = -1) as in the sweep")
+                 "A_log = 0 (a = -1) as in the sweep")
 
 
 def _git(*args):

@@ -10,11 +10,18 @@ layers with the same parts. Each part is a few lines of numpy:
   (the output norm of Gated DeltaNet in Qwen3-Next and of Mamba-2);
 - :func:`l2_normalize`: unit-length queries and keys (the delta-rule family);
 - :func:`silu`, :func:`sigmoid`, :func:`softplus`: the activations and gates;
+- the two gate forms of the book's layers, each a log-decay ``<= 0`` (the cores take
+  gates in log space): :func:`sigmoid_log_gate`, ``log sigmoid(z)`` (the toy stacks of
+  chapters 6 and 9), and :func:`softplus_log_gate`, ``-exp(A_log) softplus(raw + dt_bias)``
+  (the shipped Gated DeltaNet, KDA and Mamba-2); :func:`inverse_softplus`, which stores a
+  chosen step as its softplus pre-image;
 - :func:`short_conv`, :func:`short_conv_step`: the depthwise causal convolution
   over a few tokens that Mamba, Mamba-2, Gated DeltaNet and KDA put in front of
   their core, with its decode cache (the last ``K - 1`` inputs);
 - :func:`mlp`: the SiLU MLP of a block (no residual inside);
-- :func:`embedding`: token ids to vectors.
+- :func:`embedding`: token ids to vectors;
+- :func:`residual_block`: the pre-norm residual block every stack of the book repeats,
+  ``x + mixer(rms_norm(x))`` then ``+ mlp(rms_norm(.))``, around any token mixer.
 
 Beside each forward pass that the training chapter needs sits its backward pass,
 ``*_backward``: given the forward's inputs and the gradient ``d_out`` of a loss
@@ -52,19 +59,25 @@ __all__ = [
     "silu",
     "sigmoid",
     "softplus",
+    "inverse_softplus",
+    "sigmoid_log_gate",
+    "softplus_log_gate",
     "short_conv",
     "short_conv_step",
     "mlp",
     "embedding",
+    "residual_block",
     "linear_backward",
     "rms_norm_backward",
     "l2_normalize_backward",
     "silu_backward",
     "sigmoid_backward",
     "softplus_backward",
+    "sigmoid_log_gate_backward",
     "short_conv_backward",
     "mlp_backward",
     "embedding_backward",
+    "residual_block_backward",
 ]
 
 
@@ -179,6 +192,61 @@ def softplus_backward(x, d_out):
     """
     s = sigmoid(x)
     return _grad(d_out, "d_out", s.shape) * s
+
+
+def inverse_softplus(y):
+    """``softplus^{-1}(y) = log(e^y - 1)``, written ``y + log(-expm1(-y))`` so that a large ``y`` cannot overflow.
+
+    A step size ``delta = softplus(raw + dt_bias)`` starts at a chosen ``delta_0``
+    when ``dt_bias = inverse_softplus(delta_0)`` (Mamba's initialisation of
+    ``dt_bias``, and chapter 9's ``ssd_dt_init``). ``y`` ``> 0``, any shape; the same shape out.
+    """
+    y = as_float_array(y, "y")
+    if np.any(y <= 0):
+        raise ValueError(f"y: expected positive values (softplus is positive), got a minimum of {float(y.min())!r}")
+    return y + np.log(-np.expm1(-y))
+
+
+# ---------------------------------------------------------------------------- gate forms
+
+def sigmoid_log_gate(z):
+    """The log of a sigmoid gate, ``log sigmoid(z) = -softplus(-z)``: a log-decay ``<= 0``, with no overflow.
+
+    The toy stacks of chapters 6 and 9 (:mod:`fixedstate.hybrid`,
+    :mod:`fixedstate.training`) gate their Gated DeltaNet layers with the decay
+    ``g = sigmoid(z)``, ``z`` a projection of the token plus a bias; the cores take
+    it as ``log_gate = log g``. Any shape in, the same shape out.
+    """
+    return -softplus(-as_float_array(z, "z"))
+
+
+def sigmoid_log_gate_backward(z, d_out):
+    """Gradient through :func:`sigmoid_log_gate`: ``d_out * sigmoid(-z)`` (``eq-tr-act-grads``).
+
+    The derivative of ``-softplus(-z)`` is ``sigmoid(-z)``, which is
+    :func:`softplus_backward` at ``-z``. ``z`` and ``d_out`` of one shape.
+    """
+    return softplus_backward(-as_float_array(z, "z"), d_out)
+
+
+def softplus_log_gate(raw, A_log, dt_bias):
+    """The log-decay of the shipped gated layers: ``-exp(A_log) * softplus(raw + dt_bias)`` (``eq-sl-gate``).
+
+    Qwen3-Next's Gated DeltaNet (one per value head), Kimi Linear's KDA (one per
+    key channel) and Mamba-2 (``a * delta`` with ``a = -exp(A_log)`` and
+    ``delta = softplus(dt + dt_bias)``) all compute this. It is ``<= 0`` and
+    unbounded below. ``raw`` ``(..., n)``; ``A_log`` and ``dt_bias`` broadcast
+    against it (``(n,)``). Returns ``raw``'s shape.
+    """
+    raw = as_float_array(raw, "raw")
+    A_log = as_float_array(A_log, "A_log")
+    dt_bias = as_float_array(dt_bias, "dt_bias")
+    try:
+        np.broadcast_shapes(raw.shape, A_log.shape, dt_bias.shape)
+    except ValueError:
+        raise ValueError(f"A_log, dt_bias: expected shapes that broadcast against raw {raw.shape}, "
+                         f"got {A_log.shape} and {dt_bias.shape}") from None
+    return -np.exp(A_log) * softplus(raw + dt_bias)
 
 
 # ---------------------------------------------------------------------------- projections
@@ -562,3 +630,65 @@ def short_conv_step(x, weight, *, initial_state=None, bias=None):
     if b is not None:
         y = y + b
     return y, window[..., 1:, :].copy()
+
+
+# ---------------------------------------------------------------------------- the residual block
+
+def residual_block(x, mixer, W_1=None, W_2=None, *, norm_mixer=None, norm_mlp=None, eps=1e-6):
+    """The pre-norm residual block of every stack in the book, around any token mixer.
+
+    ``x_mid = x + mixer(rms_norm(x, norm_mixer))``, then, when the block has an
+    MLP (``W_1`` given), ``y = x_mid + mlp(rms_norm(x_mid, norm_mlp), W_1, W_2)``
+    (``eq-tr-model``); without one, ``y = x_mid``. The residual stream is never
+    normalised itself: each branch reads a normalised copy and adds back.
+
+    Parameters
+    ----------
+    x : ``(..., d)``, one token or a sequence
+    mixer : a function ``u -> (m, saved)``: the token mixer (its projections, core
+        and output projection) applied to the normalised input ``u``, returning
+        its output ``m`` ``(..., d)`` and whatever its backward pass needs
+    W_1, W_2 : the MLP's matrices (:func:`mlp`), or None for a block without one
+    norm_mixer, norm_mlp : RMSNorm weights ``(d,)`` or None (no scaling)
+
+    Returns
+    -------
+    y ``(..., d)`` and ``saved``, the dict :func:`residual_block_backward` reads
+    (the mixer's own under ``"mixer"``)
+    """
+    if not callable(mixer):
+        raise ValueError(f"mixer: expected a function u -> (output, saved), got {type(mixer).__name__}")
+    if (W_1 is None) != (W_2 is None):
+        raise ValueError("W_1, W_2: expected both (a block with an MLP) or neither, got one of them")
+    u = rms_norm(x, norm_mixer, eps=eps)
+    m, mixer_saved = mixer(u)
+    x_mid = x + m
+    saved = {"x": x, "u": u, "x_mid": x_mid, "mixer": mixer_saved}
+    if W_1 is None:
+        return x_mid, saved
+    saved["h"] = rms_norm(x_mid, norm_mlp, eps=eps)
+    return x_mid + mlp(saved["h"], W_1, W_2), saved
+
+
+def residual_block_backward(saved, d_out, mixer_backward, W_1=None, W_2=None, *, norm_mixer=None,
+                            norm_mlp=None, eps=1e-6):
+    """Gradients of :func:`residual_block` (``eq-tr-model``): ``(dx, grads)``.
+
+    Each residual connection passes ``d_out`` through unchanged and adds its
+    branch's gradient: the MLP's (:func:`mlp_backward`, :func:`rms_norm_backward`),
+    then the mixer's, ``mixer_backward(saved["mixer"], d_m) -> du`` (the
+    gradient with respect to the normalised input ``u``; it records the mixer's
+    own weight gradients itself). ``grads`` holds ``W_1``, ``W_2``, ``norm_mixer``
+    and ``norm_mlp`` (None where the block has no such weight).
+    """
+    if not isinstance(saved, dict) or "mixer" not in saved:
+        raise ValueError(f"saved: expected the dict residual_block returned, got {type(saved).__name__}")
+    grads = {"W_1": None, "W_2": None, "norm_mlp": None}
+    dx = d_out
+    if W_1 is not None:
+        dh, grads["W_1"], grads["W_2"] = mlp_backward(saved["h"], W_1, W_2, dx)
+        dx_mid, grads["norm_mlp"] = rms_norm_backward(saved["x_mid"], dh, norm_mlp, eps=eps)
+        dx = dx + dx_mid
+    du = mixer_backward(saved["mixer"], dx)
+    dx_in, grads["norm_mixer"] = rms_norm_backward(saved["x"], du, norm_mixer, eps=eps)
+    return dx + dx_in, grads

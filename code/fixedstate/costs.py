@@ -1,4 +1,5 @@
-"""FLOP and memory accounting (chapters "The cost of softmax attention", "Linear attention", "The delta rule").
+"""FLOP and memory accounting (chapters "The cost of softmax attention", "Linear attention", "The delta rule",
+"State-space models").
 
 Counting convention for every FLOP counter here:
 
@@ -19,14 +20,21 @@ Memory counters return numbers of stored values (``*_numbers``) or bytes
 Every counter accepts Python ints, numpy integers or numpy integer arrays for
 its size arguments (so a cost can be plotted against an array of context
 lengths); results are Python ints for scalar input and int64 arrays otherwise
-(floats when ``bytes_per_element`` is not an integer).
+(floats when ``bytes_per_element`` is not an integer). The exceptions are the
+counters of chapter 4's table (:func:`ssm_state_bytes`, :func:`selective_scan_flops`,
+:func:`ssm_decode_flops`, :func:`s4_fft_conv_flops`) and
+:func:`delta_rule_chunkwise_flops`, which take single positive integers.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
+
+from ._validate import check_positive_int
+from .layer_ids import DELTA, GATED_DELTA, KDA, check_layer_id
 
 __all__ = [
     "kv_cache_numbers",
@@ -42,6 +50,10 @@ __all__ = [
     "crossover_length",
     "decode_crossover_length",
     "delta_rule_chunkwise_flops",
+    "ssm_state_bytes",
+    "selective_scan_flops",
+    "ssm_decode_flops",
+    "s4_fft_conv_flops",
 ]
 
 
@@ -263,11 +275,12 @@ def decode_crossover_length(r, d_k, d_v, *, normalize=False) -> int:
     return _first_true(cheaper, "decode_crossover_length")
 
 
-def delta_rule_chunkwise_flops(seq_len, d_k, d_v, *, chunk_size=64, layer="gated", batch=1) -> int:
+def delta_rule_chunkwise_flops(seq_len, d_k, d_v, *, chunk_size=64, layer=GATED_DELTA, batch=1) -> int:
     """FLOPs of the matrix products of the package's chunkwise delta-rule forms (``eq-dr-ut``,
     ``eq-dr-chunk-out``, ``eq-dr-chunk-state``), product by product as
-    :func:`fixedstate.delta_rule.gated_delta_rule_chunkwise` (``layer="gated"`` or
-    ``"delta"``) and :func:`fixedstate.delta_rule.kda_chunkwise` (``layer="kda"``) do them.
+    :func:`fixedstate.delta_rule.gated_delta_rule_chunkwise` (``layer="gated_delta"`` or
+    ``"delta"``, ids of :mod:`fixedstate.layer_ids`) and :func:`fixedstate.delta_rule.kda_chunkwise`
+    (``layer="kda"``) do them.
 
     Per chunk of ``C`` tokens (``chunk_size`` rounded up to a power of two, as the
     forms pad it), with ``n = ceil(T / chunk_size)`` chunks per sequence:
@@ -294,12 +307,65 @@ def delta_rule_chunkwise_flops(seq_len, d_k, d_v, *, chunk_size=64, layer="gated
     for name, x in (("seq_len", t), ("d_k", d_k), ("d_v", d_v), ("chunk_size", chunk), ("batch", batch)):
         if not isinstance(x, int):
             raise ValueError(f"{name}: expected a single integer, got an array")
-    if layer not in ("delta", "gated", "kda"):
-        raise ValueError(f"layer: expected 'delta', 'gated' or 'kda', got {layer!r}")
+    check_layer_id(layer, (DELTA, GATED_DELTA, KDA), "layer")
     c = 1 << (chunk - 1).bit_length()
     n_chunks = max(1, -(-t // chunk))
-    pairs = 2 * c * (c - 1) * d_k if layer == "kda" else 4 * c * c * d_k
+    pairs = 2 * c * (c - 1) * d_k if layer == KDA else 4 * c * c * d_k
     inverse = sum(2 * c * h * h for h in (1 << j for j in range(2, c.bit_length() - 1)))
     per_chunk = (pairs + inverse + 2 * c * c * (d_k + d_v)
                  + 4 * c * d_k * d_v + 2 * c * d_k * d_v + 2 * c * c * d_v)
     return batch * n_chunks * per_chunk
+
+
+# ---------------------------------------------------------------------------- state-space models (chapter 4's table)
+
+def ssm_state_bytes(d_model: int, n_layers: int, state_size: int, *, bytes_per_number: int = 2,
+                    expand: int = 1, batch: int = 1) -> int:
+    """Bytes of the recurrent state of a stack of SSM layers (``eq-ssm-memory``): ``batch * expand * d_model * N * layers * bytes``.
+
+    ``expand`` is Mamba's inner-width factor (the state is ``(expand d, N)`` per
+    layer; 1 gives the ``N d`` of the chapter's worked problem). The
+    short-convolution buffer Mamba also keeps is not counted. Returns an int.
+    """
+    d = check_positive_int(d_model, "d_model")
+    layers = check_positive_int(n_layers, "n_layers")
+    n = check_positive_int(state_size, "state_size")
+    nbytes = check_positive_int(bytes_per_number, "bytes_per_number")
+    e = check_positive_int(expand, "expand")
+    b = check_positive_int(batch, "batch")
+    return b * e * d * n * layers * nbytes
+
+
+def selective_scan_flops(seq_len: int, d: int, state_size: int) -> int:
+    """FLOPs of one selective scan over ``seq_len`` tokens, ``d`` channels, state ``N`` (``eq-ssm-flops``).
+
+    Per token, channel and state entry: ``delta A`` (1), its exponential (counted
+    as 1), ``delta B x`` (2), the update ``a h + b`` (2) and the readout ``C h``
+    multiply-add (2): 8 FLOPs, so ``8 T d N`` (a multiply-add counts 2).
+    """
+    T = check_positive_int(seq_len, "seq_len")
+    dd = check_positive_int(d, "d")
+    n = check_positive_int(state_size, "state_size")
+    return 8 * T * dd * n
+
+
+def ssm_decode_flops(d: int, state_size: int) -> int:
+    """FLOPs of one decoding step of a selective SSM: ``8 d N`` (``eq-ssm-flops``, one token of :func:`selective_scan_flops`)."""
+    return selective_scan_flops(1, d, state_size)
+
+
+def s4_fft_conv_flops(seq_len: int, d: int, state_size: int) -> int:
+    """FLOPs of an S4 (diagonal, S4D) layer in its convolution mode, per sequence (``eq-ssm-flops``).
+
+    Kernel by Vandermonde products: ``2 T N`` per channel (``K_j = sum_n c_n
+    lambda_n^j``, multiply-add). Zero-padded FFT convolution at length
+    ``n = 2^ceil(log2(2T))``: two real forward FFTs and one inverse, each counted
+    as ``2.5 n log2 n`` FLOPs, plus ``6 (n/2 + 1)`` for the complex products.
+    Returns ``d`` times the per-channel total, an int.
+    """
+    T = check_positive_int(seq_len, "seq_len")
+    dd = check_positive_int(d, "d")
+    n_state = check_positive_int(state_size, "state_size")
+    n = 1 << int(math.ceil(math.log2(2 * T)))
+    fft = 3 * 2.5 * n * math.log2(n) + 6 * (n // 2 + 1)
+    return int(round(dd * (2 * T * n_state + fft)))

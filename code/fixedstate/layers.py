@@ -3,8 +3,10 @@
 Chapter {ref}`chap-shipped-layers`. A released model does not call a core
 alone: it wraps it in projections, a short causal convolution, activations,
 gates and an output norm. This module composes those parts, taken from
-:mod:`fixedstate.blocks`, with the cores of :mod:`fixedstate.delta_rule` and
-:mod:`fixedstate.ssm`. It adds no mathematics of its own: every number a layer
+:mod:`fixedstate.blocks` (the gate form :func:`fixedstate.blocks.softplus_log_gate`
+among them), with the cores: Gated DeltaNet's and KDA's from the mixer table
+:data:`fixedstate.mixers.MIXERS` that the toy stack and the training chapter's
+model also use, Mamba's and Mamba-2's from :mod:`fixedstate.ssm`. It adds no mathematics of its own: every number a layer
 computes is computed by a block or a core.
 
 Each layer has
@@ -30,8 +32,9 @@ one onto the other at the call (the notation appendix lists the differences):
 
 - readout scale: the cores apply none unless asked; the delta-rule layers pass
   ``scale = d_k ** -0.5``, which the libraries always apply to the queries;
-- gates: the cores take log-decays, as the libraries do; the layers compute
-  them with :func:`log_decay`, ``-exp(A_log) * softplus(raw + dt_bias)``
+- gates: the cores take log-decays (``log_gate``), as the libraries do; the layers
+  compute them with :func:`fixedstate.blocks.softplus_log_gate`,
+  ``-exp(A_log) * softplus(raw + dt_bias)``
   (Qwen3-Next's Gated DeltaNet, Kimi Linear's KDA per channel, and Mamba-2's
   ``delta * a``, which is the same expression);
 - KDA's gate: the released layer uses this unbounded form, not the
@@ -51,17 +54,17 @@ import numbers
 
 import numpy as np
 
-from . import blocks
+from . import blocks, mixers
 from ._validate import as_float_array, check_positive_int
-from .delta_rule import gated_delta_rule_chunkwise, gated_delta_rule_step, kda_chunkwise, kda_step
-from .ssm import selective_scan_parallel, selective_scan_step, ssd_quadratic, ssd_recurrent
+from .layer_ids import GATED_DELTA, KDA
+from .ssm import selective_scan_parallel, selective_scan_step, ssd_chunkwise, ssd_recurrent
 
 __all__ = [
     "GatedDeltaNetConfig", "KDAConfig", "MambaConfig", "Mamba2Config",
     "init_gated_deltanet", "init_kda", "init_mamba", "init_mamba2",
     "gated_deltanet", "gated_deltanet_step", "kda_layer", "kda_layer_step",
     "mamba_block", "mamba_block_step", "mamba2_block", "mamba2_block_step",
-    "log_decay", "empty_cache", "cache_numbers", "parameter_shapes", "split_qwen3_next_projections",
+    "empty_cache", "cache_numbers", "parameter_shapes", "split_qwen3_next_projections",
 ]
 
 
@@ -166,7 +169,9 @@ class Mamba2Config:
 
     ``d_inner = n_heads * head_dim``; ``B`` and ``C`` (``d_state`` = N each) are
     shared by groups of heads (``n_groups`` divides ``n_heads``), and the output
-    norm normalises each group's ``d_inner / n_groups`` channels.
+    norm normalises each group's ``d_inner / n_groups`` channels. ``norm_before_gate``
+    is ``mamba_ssm``'s argument of the same name: False (Mamba-2's default), the gate
+    first, ``rms_norm(y * silu(z))``; True, ``rms_norm(y) * silu(z)``.
     """
 
     d_model: int
@@ -178,10 +183,11 @@ class Mamba2Config:
     conv_bias: bool = True
     norm_eps: float = 1e-5
     chunk_size: int = 64
+    norm_before_gate: bool = False
 
     def __post_init__(self):
         _check_fields(self, ("d_model", "n_heads", "head_dim", "d_state", "n_groups", "conv_kernel", "chunk_size"),
-                      ("norm_eps",), ("conv_bias",))
+                      ("norm_eps",), ("conv_bias", "norm_before_gate"))
         if self.n_heads % self.n_groups:
             raise ValueError(f"n_groups: expected a divisor of n_heads={self.n_heads}, got {self.n_groups}")
 
@@ -280,8 +286,7 @@ def _init(config, rng, dtype, special):
 
 def _inverse_softplus_of_uniform_log(rng, shape, low=1e-3, high=0.1):
     """A step size ``delta`` log-uniform in [low, high], stored as ``softplus^{-1}(delta)`` (Mamba's init)."""
-    delta = np.exp(rng.uniform(math.log(low), math.log(high), size=shape))
-    return delta + np.log(-np.expm1(-delta))
+    return blocks.inverse_softplus(np.exp(rng.uniform(math.log(low), math.log(high), size=shape)))
 
 
 def init_gated_deltanet(config, rng, *, dtype=np.float64) -> dict:
@@ -332,7 +337,7 @@ def init_mamba2(config, rng, *, dtype=np.float64) -> dict:
         "norm_weight": np.ones})
 
 
-def _check_params(params, kind):
+def _check_layer_params(params, kind):
     """The layer's configuration and its arrays, checked against the shapes the configuration gives."""
     if not isinstance(params, dict):
         raise ValueError(f"params: expected a dict of arrays (from init_*), got {type(params).__name__}")
@@ -373,26 +378,6 @@ def split_qwen3_next_projections(in_proj_qkvz, in_proj_ba, config) -> dict:
 
 
 # --------------------------------------------------------------------------- shared parts
-
-def log_decay(raw, A_log, dt_bias):
-    """The log-decay of the shipped gated layers: ``-exp(A_log) * softplus(raw + dt_bias)`` (``eq-sl-gate``).
-
-    Qwen3-Next's Gated DeltaNet (one per value head), Kimi Linear's KDA (one per
-    key channel) and Mamba-2 (``a * delta`` with ``a = -exp(A_log)`` and
-    ``delta = softplus(dt + dt_bias)``) all compute this. It is ``<= 0`` and
-    unbounded below. ``raw`` ``(..., n)``; ``A_log`` and ``dt_bias`` broadcast
-    against it (``(n,)``). Returns ``raw``'s shape.
-    """
-    raw = as_float_array(raw, "raw")
-    A_log = as_float_array(A_log, "A_log")
-    dt_bias = as_float_array(dt_bias, "dt_bias")
-    try:
-        np.broadcast_shapes(raw.shape, A_log.shape, dt_bias.shape)
-    except ValueError:
-        raise ValueError(f"A_log, dt_bias: expected shapes that broadcast against raw {raw.shape}, "
-                         f"got {A_log.shape} and {dt_bias.shape}") from None
-    return -np.exp(A_log) * blocks.softplus(raw + dt_bias)
-
 
 def _check_x(x, d_model: int, *, token: bool) -> np.ndarray:
     x = as_float_array(x, "x")
@@ -483,6 +468,17 @@ def _merge(o, *, token):
     return o.reshape(o.shape[:-2] + (o.shape[-2] * o.shape[-1],))
 
 
+def _core(layer_id, q, k, v, gates, state, c, *, token):
+    """The delta-rule core of the table :data:`fixedstate.mixers.MIXERS` (the one the toy stack and the
+    training chapter's model call), with the libraries' readout scale ``d_k^{-1/2}``: the one-token
+    form for a decode step, the chunkwise form from the cached state for a prefill."""
+    entry = mixers.mixer(layer_id)
+    scale = c.d_k ** -0.5
+    if token:
+        return entry.step(q, k, v, gates, state, scale=scale)
+    return entry.forward(q, k, v, gates, scale=scale, chunk_size=c.chunk_size, initial_state=state)
+
+
 def _to_time_last(a, *, token):
     """Per-head scalars (..., T, n) -> (..., n, T); a token (..., n) stays."""
     return a if token else np.swapaxes(a, -1, -2)
@@ -491,7 +487,7 @@ def _to_time_last(a, *, token):
 # --------------------------------------------------------------------------- Gated DeltaNet
 
 def _gated_deltanet(params, x, cache, *, token):
-    c, p = _check_params(params, GatedDeltaNetConfig)
+    c, p = _check_layer_params(params, GatedDeltaNetConfig)
     x = _check_x(x, c.d_model, token=token)
     lead = x.shape[:x.ndim - (1 if token else 2)]
     conv_state, state = _check_cache(cache, c, lead, required=False)
@@ -505,13 +501,8 @@ def _gated_deltanet(params, x, cache, *, token):
     q, k = (np.repeat(a, group, axis=-2 if token else -3) for a in (q, k))   # key head h // group per value head
     v = _heads(qkv[..., 2 * kd:], c.n_heads, c.d_v, token=token)
     beta = _to_time_last(blocks.sigmoid(blocks.linear(x, p["W_b"])), token=token)
-    log_gate = _to_time_last(log_decay(blocks.linear(x, p["W_a"]), p["A_log"], p["dt_bias"]), token=token)
-    scale = c.d_k ** -0.5
-    if token:
-        o, state = gated_delta_rule_step(q, k, v, beta=beta, log_gate=log_gate, scale=scale, initial_state=state)
-    else:
-        o, state = gated_delta_rule_chunkwise(q, k, v, beta=beta, log_gate=log_gate, scale=scale,
-                                              initial_state=state, chunk_size=c.chunk_size)
+    log_gate = _to_time_last(blocks.softplus_log_gate(blocks.linear(x, p["W_a"]), p["A_log"], p["dt_bias"]), token=token)
+    o, state = _core(GATED_DELTA, q, k, v, {"beta": beta, "log_gate": log_gate}, state, c, token=token)
     z = _heads(blocks.linear(x, p["W_z"]), c.n_heads, c.d_v, token=token)
     o = blocks.gated_rms_norm(o, z, p["norm_weight"], eps=c.norm_eps)          # per head, over d_v
     y = blocks.linear(_merge(o, token=token), p["W_o"])
@@ -525,7 +516,7 @@ def gated_deltanet(params, x, *, cache=None):
     conv_dim), "state": (..., H, d_k, d_v)}`` to continue from. Steps: project
     to q, k, v (one short convolution over their channels, then SiLU), z, b, a;
     L2-normalise q and k per head; ``beta = sigmoid(b)``; log-decay
-    ``log_decay(a, A_log, dt_bias)`` per value head; the chunkwise gated delta
+    ``blocks.softplus_log_gate(a, A_log, dt_bias)`` per value head; the chunkwise gated delta
     rule with scale ``d_k^{-1/2}``, each query/key head serving
     ``n_heads // n_key_heads`` consecutive value heads; a gated RMSNorm per
     head with ``silu(z)``; the output projection. Returns ``(y, cache)``, ``y``
@@ -545,7 +536,7 @@ def gated_deltanet_step(params, x, cache=None):
 # --------------------------------------------------------------------------- KDA
 
 def _kda(params, x, cache, *, token):
-    c, p = _check_params(params, KDAConfig)
+    c, p = _check_layer_params(params, KDAConfig)
     x = _check_x(x, c.d_model, token=token)
     lead = x.shape[:x.ndim - (1 if token else 2)]
     conv_state, state = _check_cache(cache, c, lead, required=False)
@@ -558,14 +549,9 @@ def _kda(params, x, cache, *, token):
     v = _heads(qkv[..., 2 * kd:], c.n_heads, c.d_v, token=token)
     f = blocks.linear(blocks.linear(x, p["W_f_down"]), p["W_f_up"])            # (..., T, H d_k), low rank
     A_log = np.repeat(p["A_log"], c.d_k)                                         # one A per head, per channel
-    log_gate = _heads(log_decay(f, A_log, p["dt_bias"]), c.n_heads, c.d_k, token=token)
+    log_gate = _heads(blocks.softplus_log_gate(f, A_log, p["dt_bias"]), c.n_heads, c.d_k, token=token)
     beta = _to_time_last(blocks.sigmoid(blocks.linear(x, p["W_b"])), token=token)
-    scale = c.d_k ** -0.5
-    if token:
-        o, state = kda_step(q, k, v, beta=beta, log_gate=log_gate, scale=scale, initial_state=state)
-    else:
-        o, state = kda_chunkwise(q, k, v, beta=beta, log_gate=log_gate, scale=scale, initial_state=state,
-                                 chunk_size=c.chunk_size)
+    o, state = _core(KDA, q, k, v, {"beta": beta, "log_gate": log_gate}, state, c, token=token)
     g = _heads(blocks.linear(blocks.linear(x, p["W_g_down"]), p["W_g_up"]), c.n_heads, c.d_v, token=token)
     o = blocks.rms_norm(o, p["norm_weight"], eps=c.norm_eps) * blocks.sigmoid(g)   # sigmoid output gate
     y = blocks.linear(_merge(o, token=token), p["W_o"])
@@ -576,7 +562,7 @@ def kda_layer(params, x, *, cache=None):
     """Kimi Delta Attention as in Kimi Linear, over a sequence (prefill) (``eq-sl-kda``).
 
     As :func:`gated_deltanet`, with: as many query/key heads as value heads; a
-    log-decay per key channel, ``log_decay(f, A_log, dt_bias)`` with ``f`` a
+    log-decay per key channel, ``blocks.softplus_log_gate(f, A_log, dt_bias)`` with ``f`` a
     low-rank projection of ``x`` and one ``A_log`` per head (the released,
     unbounded gate); the chunkwise KDA core; an output gate
     ``sigmoid(g)`` (``g`` a low-rank projection) after an RMSNorm per head.
@@ -594,7 +580,7 @@ def kda_layer_step(params, x, cache=None):
 # --------------------------------------------------------------------------- Mamba
 
 def _mamba(params, x, cache, *, token):
-    c, p = _check_params(params, MambaConfig)
+    c, p = _check_layer_params(params, MambaConfig)
     x = _check_x(x, c.d_model, token=token)
     lead = x.shape[:x.ndim - (1 if token else 2)]
     conv_state, state = _check_cache(cache, c, lead, required=False)
@@ -632,23 +618,8 @@ def mamba_block_step(params, x, cache=None):
 
 # --------------------------------------------------------------------------- Mamba-2
 
-def _ssd_chunks(x, delta, a, B, C, D, S, chunk_size):
-    """Mamba-2's chunked algorithm: :func:`fixedstate.ssm.ssd_quadratic` chunk after chunk, the state carried.
-
-    Each chunk is the matrix form ``eq-ssm-ssd-matrix`` with an incoming state
-    (``eq-ssm-ssd-chunk-out``, ``eq-ssm-ssd-chunk-state``); ``x`` ``(..., T, P)``.
-    """
-    T = x.shape[-2]
-    ys = []
-    for t0 in range(0, T, chunk_size):
-        sl = slice(t0, min(T, t0 + chunk_size))
-        y, S = ssd_quadratic(x[..., sl, :], delta[..., sl], a, B[..., sl, :], C[..., sl, :], D=D, initial_state=S)
-        ys.append(y)
-    return np.concatenate(ys, axis=-2), S
-
-
 def _mamba2(params, x, cache, *, token):
-    c, p = _check_params(params, Mamba2Config)
+    c, p = _check_layer_params(params, Mamba2Config)
     x = _check_x(x, c.d_model, token=token)
     lead = x.shape[:x.ndim - (1 if token else 2)]
     conv_state, state = _check_cache(cache, c, lead, required=False)
@@ -667,11 +638,11 @@ def _mamba2(params, x, cache, *, token):
                                  D=p["D"], initial_state=state)
         y = y[..., 0, :]
     else:
-        y, state = _ssd_chunks(u, delta, a, B, C, p["D"], state, c.chunk_size)
+        y, state = ssd_chunkwise(u, delta, a, B, C, D=p["D"], initial_state=state, chunk_size=c.chunk_size)
     y = _merge(y, token=token)                                                          # (..., T, d_inner)
     g = (c.n_groups, di // c.n_groups)
     y = blocks.gated_rms_norm(y.reshape(y.shape[:-1] + g), z.reshape(z.shape[:-1] + g), eps=c.norm_eps,
-                              norm_before_gate=False).reshape(y.shape) * p["norm_weight"]
+                              norm_before_gate=c.norm_before_gate).reshape(y.shape) * p["norm_weight"]
     return blocks.linear(y, p["W_out"]), {"conv": conv_state, "state": state}
 
 
@@ -683,7 +654,7 @@ def mamba2_block(params, x, *, cache=None):
     of ``P``), ``B`` and ``C`` (``n_groups`` of ``N``, each shared by
     ``H / n_groups`` consecutive heads); ``delta = softplus(dt + dt_bias)``;
     the SSD core with the scalar ``a = -exp(A_log)`` per head and the skip
-    ``D``, computed chunk by chunk; the gated RMSNorm with the gate first,
+    ``D``, in Mamba-2's chunked form (:func:`fixedstate.ssm.ssd_chunkwise`); the gated RMSNorm with the gate first,
     ``rms_norm(y * silu(z))`` per group of channels; ``out_proj``. ``cache``
     None or ``{"conv": (..., K-1, conv_dim), "state": (..., H, N, P)}``.
     Returns ``(y, cache)``.

@@ -37,8 +37,9 @@ initial_state=None) -> (y, S)``), :func:`ssd_mask`, :func:`ssd_chunk`, the
 reference for one chunk of Mamba-2's chunked algorithm, and :func:`ssd_chunkwise`,
 that algorithm for the whole sequence, all chunks at once.
 
-Costs (the chapter's FLOPs-and-memory table): :func:`ssm_state_bytes`,
-:func:`selective_scan_flops`, :func:`s4_fft_conv_flops`, :func:`ssm_decode_flops`.
+The chapter's FLOPs-and-memory table counts with :mod:`fixedstate.costs`
+(:func:`fixedstate.costs.ssm_state_bytes`, :func:`fixedstate.costs.selective_scan_flops`,
+:func:`fixedstate.costs.s4_fft_conv_flops`, :func:`fixedstate.costs.ssm_decode_flops`).
 
 Conventions shared with Mamba's reference implementation: the output reads the
 *updated* state, ``y_t = C_t h_t + D x_t``; the step size goes through softplus
@@ -62,9 +63,13 @@ import numbers
 import numpy as np
 import scipy.linalg
 
+from ._grad import sum_to, time_major
 from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_dim, check_positive_int,
                         float_dtype)
 from .blocks import softplus
+# The chapter-4 counters moved to fixedstate.costs; imported here only until chapter 4, its solutions and
+# checks.ssm call them as costs.* (files outside the model-vocabulary change). Not in __all__.
+from .costs import s4_fft_conv_flops, selective_scan_flops, ssm_decode_flops, ssm_state_bytes  # noqa: F401
 from .kernels import scan_pairs, segment_sums
 
 __all__ = [
@@ -90,10 +95,6 @@ __all__ = [
     "ssd_quadratic",
     "ssd_chunk",
     "ssd_chunkwise",
-    "ssm_state_bytes",
-    "selective_scan_flops",
-    "s4_fft_conv_flops",
-    "ssm_decode_flops",
 ]
 
 
@@ -107,7 +108,7 @@ def _square(A, name: str = "A") -> np.ndarray:
     return arr
 
 
-def _step(delta, name: str = "delta") -> float:
+def _check_step_size(delta, name: str = "delta") -> float:
     if isinstance(delta, bool) or not isinstance(delta, (numbers.Real, np.floating, np.integer)):
         arr = as_float_array(delta, name, ndim=0)
     else:
@@ -123,7 +124,7 @@ def _discretization_args(A, B, delta):
     Aa = _square(A)
     Bb = as_float_array(B, "B", ndim=(1, 2))
     check_dim(Bb, "B", 0, Aa.shape[0], "N, the size of the state, from A")
-    dt = _step(delta)
+    dt = _check_step_size(delta)
     return Aa.astype(np.float64), Bb.astype(np.float64), dt, float_dtype(A, B, delta)
 
 
@@ -807,8 +808,6 @@ def ssd_chunkwise(x, delta, a, B, C, *, D=None, initial_state=None, chunk_size=6
 # ---------------------------------------------------------------------------
 # backward passes (chapter 9)
 
-from ._grad import sum_to, time_major  # noqa: E402  (kept here so that the section stands alone)
-
 __all__ += ["ssd_backward", "selective_scan_backward"]
 
 
@@ -867,6 +866,9 @@ def ssd_backward(x, delta, a, B, C, d_y, *, D=None, initial_state=None, d_final_
             d_state.astype(dtype, copy=False))
 
 
+# Its Parameters and Returns sections run parallel to ssd_backward's on purpose (``duplicates`` pairs them):
+# both backward passes share the signature of their kind of layer, and each public docstring stands alone
+# in help() and the API pages; they differ where the layers do (A (d, N) for a, states (..., d, N)).
 def selective_scan_backward(x, delta, A, B, C, d_y, *, D=None, initial_state=None, d_final_state=None):
     """The gradients of Mamba's selective scan (``eq-ssm-selective``): ``eq-bw-s6-state``, ``eq-bw-s6-grads``.
 
@@ -944,58 +946,3 @@ def selective_scan_backward(x, delta, A, B, C, d_y, *, D=None, initial_state=Non
     dx, ddelta, dB, dC = (np.moveaxis(arr, 0, -2) for arr in (dx, ddelta, dB, dC))
     return (sum_to(dx, shapes[0]), sum_to(ddelta, shapes[1]), sum_to(dA, shapes[2]), sum_to(dB, shapes[3]),
             sum_to(dC, shapes[4]), dD, dh if initial_state is None else sum_to(dh, shapes[6]))
-
-
-# ---------------------------------------------------------------------------
-# costs (the chapter's table)
-
-def ssm_state_bytes(d_model: int, n_layers: int, state_size: int, *, bytes_per_number: int = 2,
-                    expand: int = 1, batch: int = 1) -> int:
-    """Bytes of the recurrent state of a stack of SSM layers (``eq-ssm-memory``): ``batch * expand * d_model * N * layers * bytes``.
-
-    ``expand`` is Mamba's inner-width factor (the state is ``(expand d, N)`` per
-    layer; 1 gives the ``N d`` of the chapter's worked problem). The
-    short-convolution buffer Mamba also keeps is not counted. Returns an int.
-    """
-    d = check_positive_int(d_model, "d_model")
-    layers = check_positive_int(n_layers, "n_layers")
-    n = check_positive_int(state_size, "state_size")
-    nbytes = check_positive_int(bytes_per_number, "bytes_per_number")
-    e = check_positive_int(expand, "expand")
-    b = check_positive_int(batch, "batch")
-    return b * e * d * n * layers * nbytes
-
-
-def selective_scan_flops(seq_len: int, d: int, state_size: int) -> int:
-    """FLOPs of one selective scan over ``seq_len`` tokens, ``d`` channels, state ``N`` (``eq-ssm-flops``).
-
-    Per token, channel and state entry: ``delta A`` (1), its exponential (counted
-    as 1), ``delta B x`` (2), the update ``a h + b`` (2) and the readout ``C h``
-    multiply-add (2): 8 FLOPs, so ``8 T d N`` (a multiply-add counts 2).
-    """
-    T = check_positive_int(seq_len, "seq_len")
-    dd = check_positive_int(d, "d")
-    n = check_positive_int(state_size, "state_size")
-    return 8 * T * dd * n
-
-
-def ssm_decode_flops(d: int, state_size: int) -> int:
-    """FLOPs of one decoding step of a selective SSM: ``8 d N`` (``eq-ssm-flops``, one token of :func:`selective_scan_flops`)."""
-    return selective_scan_flops(1, d, state_size)
-
-
-def s4_fft_conv_flops(seq_len: int, d: int, state_size: int) -> int:
-    """FLOPs of an S4 (diagonal, S4D) layer in its convolution mode, per sequence (``eq-ssm-flops``).
-
-    Kernel by Vandermonde products: ``2 T N`` per channel (``K_j = sum_n c_n
-    lambda_n^j``, multiply-add). Zero-padded FFT convolution at length
-    ``n = 2^ceil(log2(2T))``: two real forward FFTs and one inverse, each counted
-    as ``2.5 n log2 n`` FLOPs, plus ``6 (n/2 + 1)`` for the complex products.
-    Returns ``d`` times the per-channel total, an int.
-    """
-    T = check_positive_int(seq_len, "seq_len")
-    dd = check_positive_int(d, "d")
-    n_state = check_positive_int(state_size, "state_size")
-    n = 1 << int(math.ceil(math.log2(2 * T)))
-    fft = 3 * 2.5 * n * math.log2(n) + 6 * (n // 2 + 1)
-    return int(round(dd * (2 * T * n_state + fft)))

@@ -43,7 +43,7 @@ from . import delta_rule as dr
 from ._validate import check_positive_int
 from .blocks import l2_normalize
 from .costs import delta_rule_chunkwise_flops
-from .hybrid import stack_decode_step, synthetic_cache
+from .toy_stack import stack_decode_step, synthetic_cache
 from .kernels import matmul_add, recording_products
 from .layer_ids import DELTA, GATED_DELTA, KDA, check_layer_id
 from .recall import lab_update
@@ -372,9 +372,9 @@ def time_lab_update(d_k, *, n_pairs=None, mechanism="gated_delta", overlap=0.3, 
 
 
 def measure_decode_seconds(params: dict, context_lengths, *, n_steps: int = 5, seed: int = 0) -> np.ndarray:
-    """Fastest wall-clock seconds of one :func:`fixedstate.hybrid.stack_decode_step` at each context length.
+    """Fastest wall-clock seconds of one :func:`fixedstate.toy_stack.stack_decode_step` at each context length.
 
-    For each length a :func:`fixedstate.hybrid.synthetic_cache` is built and one
+    For each length a :func:`fixedstate.toy_stack.synthetic_cache` is built and one
     untimed step warms up (it also gives the full KV caches their spare rows,
     the one reallocation), then ``n_steps`` steps are timed one at a time with
     :func:`best_time`, each continuing from the cache the previous one left

@@ -9,13 +9,31 @@ composes them; it redefines no layer and no block:
   clipped;
 - :func:`init_model`, :func:`model_forward`, :func:`model_backward`,
   :func:`loss_and_grads`: a two-layer pre-norm model whose token mixer is a
-  parameter (``MIXERS``); every mixer sits in the same block (RMSNorm, three
-  projections, a short causal convolution on each, the core, an output
-  projection, then an MLP), so the mixers differ in the core alone;
+  parameter (``MODEL_LAYERS``, by the ids of :mod:`fixedstate.layer_ids`); every
+  mixer sits in the same block (:func:`fixedstate.blocks.residual_block`:
+  RMSNorm, three projections, a short causal convolution on each, the core, an
+  output projection, then an MLP), so the mixers differ in the core alone, which
+  the model takes from the table :data:`fixedstate.mixers.MIXERS`;
 - :func:`train`, :func:`evaluate`: the training loop on
   :func:`fixedstate.recall.make_mqar` batches (fresh seeded batches at every
   step, a held-out test set drawn from a separate stream);
 - :func:`run_sweep`: the experiment of the chapter (``make experiment``).
+
+Parameter names (one scheme with :mod:`fixedstate.hybrid` and :mod:`fixedstate.layers`,
+after the names ``transformers`` gives the shipped layers): matrices ``W_<role>``
+(``(d_in, d_out)``), a projection's bias ``b_<role>``, convolution taps
+``conv_weight_<q|k|v>``, RMSNorm weights ``norm_<where>``; each layer's under the
+prefix ``layers.<i>.``:
+
+- ``norm_mixer``, ``W_q``, ``W_k``, ``W_v``, ``conv_weight_q|k|v``, ``W_o``; then
+  ``norm_mlp``, ``W_1``, ``W_2`` (the MLP);
+- the gates (one head, so each projection is a vector ``(d_model,)``):
+  ``W_b``, ``b_b`` for ``beta = sigmoid(u W_b + b_b)`` and ``W_a``, ``b_a`` for the
+  decay ``g = sigmoid(u W_a + b_a)`` (Qwen3-Next's letters ``b`` and ``a``); the SSD's
+  ``W_dt``, ``dt_bias`` for ``delta = softplus(u W_dt + dt_bias)`` and ``A_log``
+  for ``a = -exp(A_log)`` (Mamba-2's names);
+
+and ``embedding``, ``norm_final``, ``W_head`` (the vocabulary projection) outside the layers.
 
 The cores' backward passes live beside their forward passes, in
 :mod:`fixedstate.softmax_attention`, :mod:`fixedstate.linear_attention`,
@@ -33,17 +51,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import blocks as bl
-from . import delta_rule as dr
-from . import linear_attention as la
-from . import softmax_attention as sa
-from . import ssm
+from . import mixers
 from ._threads import one_blas_thread
 from ._validate import as_float_array, check_positive_int
+from .layer_ids import DELTA, GATED_DELTA, HYBRID, LINEAR, SOFTMAX, SSD, check_layer_id
 from .recall import make_mqar
 
 __all__ = [
-    "MIXERS",
-    "LAYERS",
+    "MODEL_LAYERS",
     "ModelConfig",
     "cross_entropy",
     "cross_entropy_backward",
@@ -62,16 +77,16 @@ __all__ = [
     "run_sweep",
 ]
 
-# The cores a layer can hold, and the mixers a model can have: each mixer is the
-# list of its two layers' cores. The hybrid puts its one attention layer last.
-LAYERS = ("softmax", "linear", "deltanet", "gated_deltanet", "ssd")
-MIXERS = {
-    "softmax": ("softmax", "softmax"),
-    "linear": ("linear", "linear"),
-    "deltanet": ("deltanet", "deltanet"),
-    "gated_deltanet": ("gated_deltanet", "gated_deltanet"),
-    "ssd": ("ssd", "ssd"),
-    "hybrid": ("gated_deltanet", "softmax"),
+# The models of the chapter, by the id of their mixer (fixedstate.layer_ids), each the
+# list of its two layers' mixers (keys of fixedstate.mixers.MIXERS). The hybrid puts its
+# one attention layer last.
+MODEL_LAYERS = {
+    SOFTMAX: (SOFTMAX, SOFTMAX),
+    LINEAR: (LINEAR, LINEAR),
+    DELTA: (DELTA, DELTA),
+    GATED_DELTA: (GATED_DELTA, GATED_DELTA),
+    SSD: (SSD, SSD),
+    HYBRID: (GATED_DELTA, SOFTMAX),
 }
 
 
@@ -192,11 +207,12 @@ def adam_step(params, grads, state, *, lr, beta1=0.9, beta2=0.999, eps=1e-8, cli
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The shape of a tiny model: its mixer (a key of ``MIXERS``) and sizes.
+    """The shape of a tiny model: its mixer (a key of ``MODEL_LAYERS``) and sizes.
 
     ``d_model`` is the width; each mixer has one head with ``d_k = d_v = d_model``
     (the fixed-state layers' state is ``d_model x d_model``); the MLP is
-    ``d_model -> d_ff -> d_model``; the short convolution has ``conv_size`` taps.
+    ``d_model -> d_ff -> d_model``; the short convolution has ``conv_size`` taps;
+    the chunkwise cores run in chunks of ``chunk_size`` tokens.
     """
 
     mixer: str
@@ -204,55 +220,79 @@ class ModelConfig:
     d_model: int
     d_ff: int | None = None
     conv_size: int = 4
+    chunk_size: int = 16
     layers: tuple = field(init=False)
 
     def __post_init__(self):
-        if self.mixer not in MIXERS:
-            raise ValueError(f"mixer: expected one of {sorted(MIXERS)}, got {self.mixer!r}")
+        check_layer_id(self.mixer, tuple(MODEL_LAYERS), "mixer")
         check_positive_int(self.vocab_size, "vocab_size", minimum=2)
         check_positive_int(self.d_model, "d_model")
         check_positive_int(self.conv_size, "conv_size")
+        check_positive_int(self.chunk_size, "chunk_size")
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", 2 * self.d_model)
         check_positive_int(self.d_ff, "d_ff")
-        object.__setattr__(self, "layers", MIXERS[self.mixer])
+        object.__setattr__(self, "layers", MODEL_LAYERS[self.mixer])
 
 
 def _ssd_dt_bias(ssd_dt_init) -> float:
-    """The SSD's step bias ``b_dt``: 0 for ``None`` (the step starts at ``softplus(0) = ln 2``), else
-    ``softplus^{-1}(ssd_dt_init)``, so that the step starts at ``ssd_dt_init`` where ``u w_dt = 0``."""
+    """The SSD's step bias ``dt_bias``: 0 for ``None`` (the step starts at ``softplus(0) = ln 2``), else
+    ``softplus^{-1}(ssd_dt_init)``, so that the step starts at ``ssd_dt_init`` where ``u W_dt = 0``."""
     if ssd_dt_init is None:
         return 0.0
     if (isinstance(ssd_dt_init, bool) or not isinstance(ssd_dt_init, numbers.Real)
             or not math.isfinite(ssd_dt_init) or ssd_dt_init <= 0):
         raise ValueError(f"ssd_dt_init: expected a finite number > 0 (the SSD's initial step) or None, "
                          f"got {ssd_dt_init!r}")
-    x = float(ssd_dt_init)
-    return x + math.log(-math.expm1(-x))           # log(expm1(x)), without overflow for large x
+    return float(bl.inverse_softplus(float(ssd_dt_init)))
+
+
+@dataclass(frozen=True)
+class _TokenGate:
+    """How the model computes one per-token gate from the layer's normalised input ``u`` (one head):
+    ``gate = form(u W + b)`` with ``W`` ``(d_model,)`` and ``b`` ``(1,)``, and the gradient of ``form``."""
+
+    weight: str
+    bias: str
+    form: object
+    form_backward: object
+
+
+# The per-token gates of the cores (mixers.MIXERS[...].gates), each a named gate form of fixedstate.blocks.
+_TOKEN_GATES = {
+    "beta": _TokenGate("W_b", "b_b", bl.sigmoid, bl.sigmoid_backward),
+    "log_gate": _TokenGate("W_a", "b_a", bl.sigmoid_log_gate, bl.sigmoid_log_gate_backward),
+    "delta": _TokenGate("W_dt", "dt_bias", bl.softplus, bl.softplus_backward),
+}
+# The SSD's a = -exp(A_log) < 0, one per layer (Mamba-2's parametrisation): a per-layer gate, not per token.
+_LAYER_GATES = {"a": "A_log"}
+# The model scales softmax attention's logits by 1/sqrt(d); the fixed-state cores read out unscaled.
+_SCALED = frozenset({SOFTMAX})
 
 
 def init_model(config: ModelConfig, rng, *, dtype=np.float64, ssd_dt_init=None) -> dict:
     """Random parameters of the model ``config`` describes, as a dict name -> array of ``dtype``.
 
     ``dtype`` is float64 (for gradient checks) or float32 (for training: twice
-    as fast in numpy, and precise enough for Adam's steps).
+    as fast in numpy, and precise enough for Adam's steps). The names are listed
+    in the module's docstring.
 
     Projections are drawn with standard deviation ``1/sqrt(d_in)``; the two
-    projections that write into the residual stream (``Wo``, ``W2``) are scaled
+    projections that write into the residual stream (``W_o``, ``W_2``) are scaled
     down by ``sqrt(2 * n_layers)``; the convolution starts as the identity (its
     last tap 1, the others small); gates start open (``beta`` near 0.5, the
     decay near 0.95, the SSM step near 0.7).
 
     ``ssd_dt_init`` changes only the SSD's step bias: ``None`` (the default, the
-    sweep's initialisation) sets ``b_dt = 0``, so the step starts at
+    sweep's initialisation) sets ``dt_bias = 0``, so the step starts at
     ``softplus(0) = ln 2``; a number ``Delta0 > 0`` sets
-    ``b_dt = softplus^{-1}(Delta0) = log(expm1(Delta0))``, so the step starts at
-    ``Delta0`` (before the input's share ``u w_dt``) and, with ``a = -1``, the
+    ``dt_bias = softplus^{-1}(Delta0) = log(expm1(Delta0))``, so the step starts at
+    ``Delta0`` (before the input's share ``u W_dt``) and, with ``a = -1``, the
     per-token decay at ``exp(-Delta0)``. Other mixers ignore it.
     """
     if not isinstance(config, ModelConfig):
         raise ValueError(f"config: expected a ModelConfig, got {type(config).__name__}")
-    b_dt = _ssd_dt_bias(ssd_dt_init)
+    first_bias = {"b_b": 0.0, "b_a": 3.0, "dt_bias": _ssd_dt_bias(ssd_dt_init)}
     rng = np.random.default_rng(rng)
     d, V, K, F = config.d_model, config.vocab_size, config.conv_size, config.d_ff
     out_scale = 1 / math.sqrt(2 * len(config.layers))
@@ -260,162 +300,138 @@ def init_model(config: ModelConfig, rng, *, dtype=np.float64, ssd_dt_init=None) 
     def proj(d_in, d_out, scale=1.0):
         return rng.standard_normal((d_in, d_out)) * scale / math.sqrt(d_in)
 
-    p = {"embed": rng.standard_normal((V, d))}
-    for i, core in enumerate(config.layers):
-        L = f"L{i}."
-        p[L + "norm1"] = np.ones(d)
-        for name in ("Wq", "Wk", "Wv"):
+    p = {"embedding": rng.standard_normal((V, d))}
+    for i, layer_id in enumerate(config.layers):
+        L = f"layers.{i}."
+        p[L + "norm_mixer"] = np.ones(d)
+        for name in ("W_q", "W_k", "W_v"):
             p[L + name] = proj(d, d)
-        for name in ("cq", "ck", "cv"):
+        for name in ("conv_weight_q", "conv_weight_k", "conv_weight_v"):
             c = rng.standard_normal((d, K)) * 0.1
             c[:, -1] += 1.0
             p[L + name] = c
-        if core in ("deltanet", "gated_deltanet"):
-            p[L + "w_beta"] = proj(d, 1)[:, 0]
-            p[L + "b_beta"] = np.zeros(1)
-        if core == "gated_deltanet":
-            p[L + "w_gate"] = proj(d, 1)[:, 0]
-            p[L + "b_gate"] = np.full(1, 3.0)
-        if core == "ssd":
-            p[L + "w_dt"] = proj(d, 1)[:, 0]
-            p[L + "b_dt"] = np.full(1, b_dt)
-            p[L + "a_log"] = np.zeros(1)
-        p[L + "Wo"] = proj(d, d, out_scale)
-        p[L + "norm2"] = np.ones(d)
-        p[L + "W1"] = proj(d, F)
-        p[L + "W2"] = proj(F, d, out_scale)
-    p["norm_f"] = np.ones(d)
-    p["W_out"] = proj(d, V)
+        for gate in mixers.mixer(layer_id).gates:
+            if gate in _TOKEN_GATES:
+                spec = _TOKEN_GATES[gate]
+                p[L + spec.weight] = proj(d, 1)[:, 0]
+                p[L + spec.bias] = np.full(1, first_bias[spec.bias])
+            else:
+                p[L + _LAYER_GATES[gate]] = np.zeros(1)
+        p[L + "W_o"] = proj(d, d, out_scale)
+        p[L + "norm_mlp"] = np.ones(d)
+        p[L + "W_1"] = proj(d, F)
+        p[L + "W_2"] = proj(F, d, out_scale)
+    p["norm_final"] = np.ones(d)
+    p["W_head"] = proj(d, V)
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype: expected float32 or float64, got {dtype}")
     return {name: a.astype(dtype) for name, a in p.items()}
 
 
-def _core_forward(core, p, L, u, q, k, v):
-    """The core of one layer: its outputs ``(B, T, d)`` and what its backward needs."""
-    d = q.shape[-1]
-    if core == "softmax":
-        o, _ = sa.softmax_attention(q, k, v, causal=True, scale=1 / math.sqrt(d))
-        return o, {}
-    if core == "ssd":
-        z = u @ p[L + "w_dt"] + p[L + "b_dt"][0]
-        delta = bl.softplus(z)
-        a = -np.exp(p[L + "a_log"][0])
-        o, _ = ssm.ssd_recurrent(v, delta, a, k, q)
-        return o, {"z": z, "delta": delta, "a": a}
-    qn, kn = bl.l2_normalize(q), bl.l2_normalize(k)
-    aux = {"qn": qn, "kn": kn}
-    if core == "linear":
-        o, _ = la.linear_attention_chunkwise(qn, kn, v, feature_map=la.identity_feature_map, normalize=False)
-        return o, aux
-    zb = u @ p[L + "w_beta"] + p[L + "b_beta"][0]
-    beta = bl.sigmoid(zb)
-    aux.update(zb=zb, beta=beta)
-    if core == "deltanet":
-        o, _ = dr.delta_rule_chunkwise(qn, kn, v, beta=beta, chunk_size=16)
-        return o, aux
-    zg = u @ p[L + "w_gate"] + p[L + "b_gate"][0]
-    log_gate = -bl.softplus(-zg)                               # log sigmoid(zg) <= 0
-    aux.update(zg=zg, log_gate=log_gate)
-    o, _ = dr.gated_delta_rule_chunkwise(qn, kn, v, beta=beta, log_gate=log_gate, chunk_size=16)
-    return o, aux
-
-
-def _core_backward(core, p, L, u, q, k, v, aux, d_o, grads):
-    """Gradients of one core with respect to ``q, k, v`` and ``u`` (through its gates); fills ``grads``."""
-    d = q.shape[-1]
-    du = np.zeros_like(u)
-    if core == "softmax":
-        dq, dk, dv = sa.softmax_attention_backward(q, k, v, d_o, causal=True, scale=1 / math.sqrt(d))
-        return dq, dk, dv, du
-    if core == "ssd":
-        dx, ddelta, da, dB, dC, _, _ = ssm.ssd_backward(v, aux["delta"], aux["a"], k, q, d_o,
-                                                        D=None, initial_state=None, d_final_state=None)
-        dz = bl.softplus_backward(aux["z"], ddelta)
-        grads[L + "w_dt"] = np.einsum("btd,bt->d", u, dz)
-        grads[L + "b_dt"] = np.array([dz.sum()])
-        grads[L + "a_log"] = np.array([float(np.sum(da)) * aux["a"]])   # a = -exp(a_log): da/da_log = a
-        du += dz[..., None] * p[L + "w_dt"]
-        return dC, dB, dx, du
-    qn, kn = aux["qn"], aux["kn"]
-    if core == "linear":
-        dqn, dkn, dv, _, _ = la.linear_attention_backward(qn, kn, v, d_o, log_gate=None, scale=1.0,
-                                                          initial_state=None, d_final_state=None)
-    else:
-        if core == "deltanet":
-            dqn, dkn, dv, dbeta, _ = dr.delta_rule_backward(qn, kn, v, d_o, beta=aux["beta"], scale=1.0,
-                                                            initial_state=None, d_final_state=None)
+def _mixer_forward(layer_id, p, L, config, u):
+    """One layer's token mixer on its normalised input ``u`` ``(B, T, d)``: projections, short
+    convolutions, gates, the core (from the table :data:`fixedstate.mixers.MIXERS`), ``W_o``.
+    Returns its output and what :func:`_mixer_backward` needs."""
+    entry = mixers.mixer(layer_id)
+    s = {"u": u}
+    for name in "qkv":
+        s["pre_" + name] = bl.linear(u, p[L + "W_" + name])
+        s[name], _ = bl.short_conv(s["pre_" + name], p[L + "conv_weight_" + name])
+    gates, s["z"] = {}, {}
+    for gate in entry.gates:
+        if gate in _TOKEN_GATES:
+            spec = _TOKEN_GATES[gate]
+            s["z"][gate] = u @ p[L + spec.weight] + p[L + spec.bias][0]
+            gates[gate] = spec.form(s["z"][gate])
         else:
-            dqn, dkn, dv, dbeta, dlog_gate, _ = dr.gated_delta_rule_backward(
-                qn, kn, v, d_o, beta=aux["beta"], log_gate=aux["log_gate"], scale=1.0,
-                initial_state=None, d_final_state=None)
-            dzg = bl.softplus_backward(-aux["zg"], dlog_gate)     # d/dz of -softplus(-z) is sigmoid(-z)
-            grads[L + "w_gate"] = np.einsum("btd,bt->d", u, dzg)
-            grads[L + "b_gate"] = np.array([dzg.sum()])
-            du += dzg[..., None] * p[L + "w_gate"]
-        dzb = bl.sigmoid_backward(aux["zb"], dbeta)
-        grads[L + "w_beta"] = np.einsum("btd,bt->d", u, dzb)
-        grads[L + "b_beta"] = np.array([dzb.sum()])
-        du += dzb[..., None] * p[L + "w_beta"]
-    return bl.l2_normalize_backward(q, dqn), bl.l2_normalize_backward(k, dkn), dv, du
+            gates[gate] = -np.exp(p[L + _LAYER_GATES[gate]][0])
+    s["gates"] = gates
+    q, k = s["q"], s["k"]
+    if entry.normalize_qk:
+        q, k = bl.l2_normalize(q), bl.l2_normalize(k)
+    scale = 1 / math.sqrt(q.shape[-1]) if layer_id in _SCALED else 1.0
+    s["o"], _ = entry.forward(q, k, s["v"], gates, scale=scale, chunk_size=config.chunk_size)
+    return bl.linear(s["o"], p[L + "W_o"]), s
+
+
+def _mixer_backward(layer_id, p, L, s, d_m, grads):
+    """The gradient of :func:`_mixer_forward` with respect to ``u``; the layer's weight gradients go to ``grads``."""
+    entry = mixers.mixer(layer_id)
+    do, grads[L + "W_o"], _ = bl.linear_backward(s["o"], p[L + "W_o"], d_m)
+    q, k, v, gates = s["q"], s["k"], s["v"], s["gates"]
+    if entry.normalize_qk:
+        q, k = bl.l2_normalize(q), bl.l2_normalize(k)
+    scale = 1 / math.sqrt(q.shape[-1]) if layer_id in _SCALED else 1.0
+    dq, dk, dv, d_gates = entry.backward(q, k, v, gates, do, scale=scale)
+    if entry.normalize_qk:
+        dq, dk = bl.l2_normalize_backward(s["q"], dq), bl.l2_normalize_backward(s["k"], dk)
+    u = s["u"]
+    du = np.zeros_like(u)
+    for gate in reversed(entry.gates):
+        if gate in _TOKEN_GATES:
+            spec = _TOKEN_GATES[gate]
+            dz = spec.form_backward(s["z"][gate], d_gates[gate])
+            grads[L + spec.weight] = np.einsum("btd,bt->d", u, dz)
+            grads[L + spec.bias] = np.array([dz.sum()])
+            du += dz[..., None] * p[L + spec.weight]
+    for gate in entry.gates:
+        if gate in _LAYER_GATES:                           # a = -exp(A_log): da/dA_log = a
+            grads[L + _LAYER_GATES[gate]] = np.array([float(np.sum(d_gates[gate])) * gates[gate]])
+    for name, dconv in zip("qkv", (dq, dk, dv)):
+        dpre, grads[L + "conv_weight_" + name], _, _ = bl.short_conv_backward(
+            s["pre_" + name], p[L + "conv_weight_" + name], dconv)
+        dui, grads[L + "W_" + name], _ = bl.linear_backward(u, p[L + "W_" + name], dpre)
+        du = du + dui
+    return du
 
 
 def model_forward(params, config: ModelConfig, tokens):
     """Logits ``(B, T, V)`` of the model for ``tokens`` ``(B, T)`` (``eq-tr-model``), and the cache for the backward.
 
-    Each layer ``i``: ``u = rms_norm(x)``; ``q, k, v = conv(u W_q), conv(u W_k),
-    conv(u W_v)``; ``x <- x + core(q, k, v) W_o``; then
-    ``x <- x + mlp(rms_norm(x))``. After the layers, ``logits = rms_norm(x) W_out``.
+    Each layer is :func:`fixedstate.blocks.residual_block` around its mixer:
+    ``u = rms_norm(x)``; ``q, k, v = conv(u W_q), conv(u W_k), conv(u W_v)``;
+    ``x <- x + core(q, k, v) W_o``; then ``x <- x + mlp(rms_norm(x))``. After the
+    layers, ``logits = rms_norm(x) W_head``. ``cache["layers"][i]`` is the block's
+    saved dict; its ``"mixer"`` entry holds ``q, k, v`` (after the convolutions),
+    the ``gates`` the core read and its output ``o``.
     """
-    x = bl.embedding(tokens, params["embed"])
+    x = bl.embedding(tokens, params["embedding"])
     cache = {"tokens": tokens, "layers": []}
-    for i, core in enumerate(config.layers):
-        L = f"L{i}."
-        c = {"x_in": x}
-        u = bl.rms_norm(x, params[L + "norm1"])
-        c["u"] = u
-        for name in "qkv":
-            pre = bl.linear(u, params[L + "W" + name])
-            c["pre_" + name] = pre
-            c[name], _ = bl.short_conv(pre, params[L + "c" + name])
-        o, c["aux"] = _core_forward(core, params, L, u, c["q"], c["k"], c["v"])
-        c["o"] = o
-        x = x + bl.linear(o, params[L + "Wo"])
-        c["x_mid"] = x
-        c["h"] = bl.rms_norm(x, params[L + "norm2"])
-        x = x + bl.mlp(c["h"], params[L + "W1"], params[L + "W2"])
-        cache["layers"].append(c)
+    for i, layer_id in enumerate(config.layers):
+        L = f"layers.{i}."
+        x, saved = bl.residual_block(
+            x, lambda u, layer_id=layer_id, L=L: _mixer_forward(layer_id, params, L, config, u),
+            params[L + "W_1"], params[L + "W_2"], norm_mixer=params[L + "norm_mixer"],
+            norm_mlp=params[L + "norm_mlp"])
+        cache["layers"].append(saved)
     cache["x_final"] = x
-    cache["h_final"] = bl.rms_norm(x, params["norm_f"])
-    return bl.linear(cache["h_final"], params["W_out"]), cache
+    cache["h_final"] = bl.rms_norm(x, params["norm_final"])
+    return bl.linear(cache["h_final"], params["W_head"]), cache
 
 
 def model_backward(params, config: ModelConfig, cache, d_logits) -> dict:
     """Gradients of a loss with respect to every parameter, given ``d_logits`` (``eq-tr-model``).
 
-    The layers of :func:`model_forward` in reverse order, each through the
-    blocks' and cores' backward passes; a residual connection passes its
-    gradient through unchanged and adds the branch's.
+    The layers of :func:`model_forward` in reverse order, each through
+    :func:`fixedstate.blocks.residual_block_backward` and the mixer's backward
+    pass (the table's, :data:`fixedstate.mixers.MIXERS`).
     """
     g = {}
-    dh, g["W_out"], _ = bl.linear_backward(cache["h_final"], params["W_out"], d_logits)
-    dx, g["norm_f"] = bl.rms_norm_backward(cache["x_final"], dh, params["norm_f"])
+    dh, g["W_head"], _ = bl.linear_backward(cache["h_final"], params["W_head"], d_logits)
+    dx, g["norm_final"] = bl.rms_norm_backward(cache["x_final"], dh, params["norm_final"])
     for i in reversed(range(len(config.layers))):
-        core, L, c = config.layers[i], f"L{i}.", cache["layers"][i]
-        dh, g[L + "W1"], g[L + "W2"] = bl.mlp_backward(c["h"], params[L + "W1"], params[L + "W2"], dx)
-        dxm, g[L + "norm2"] = bl.rms_norm_backward(c["x_mid"], dh, params[L + "norm2"])
-        dx = dx + dxm
-        do, g[L + "Wo"], _ = bl.linear_backward(c["o"], params[L + "Wo"], dx)
-        dq, dk, dv, du = _core_backward(core, params, L, c["u"], c["q"], c["k"], c["v"], c["aux"], do, g)
-        for name, dconv in zip("qkv", (dq, dk, dv)):
-            dpre, g[L + "c" + name], _, _ = bl.short_conv_backward(c["pre_" + name], params[L + "c" + name],
-                                                                   dconv)
-            dui, g[L + "W" + name], _ = bl.linear_backward(c["u"], params[L + "W" + name], dpre)
-            du = du + dui
-        dxi, g[L + "norm1"] = bl.rms_norm_backward(c["x_in"], du, params[L + "norm1"])
-        dx = dx + dxi
-    g["embed"] = bl.embedding_backward(cache["tokens"], params["embed"], dx)
+        layer_id, L = config.layers[i], f"layers.{i}."
+        for name in ("W_1", "W_2", "norm_mlp"):   # the MLP's gradients first, as the pass computes them
+            g[L + name] = None                    # (the order of the dict is the order Adam's norm sums in)
+        dx, block = bl.residual_block_backward(
+            cache["layers"][i], dx, lambda s, d_m, layer_id=layer_id, L=L: _mixer_backward(layer_id, params, L,
+                                                                                           s, d_m, g),
+            params[L + "W_1"], params[L + "W_2"], norm_mixer=params[L + "norm_mixer"],
+            norm_mlp=params[L + "norm_mlp"])
+        for name, grad in block.items():
+            g[L + name] = grad
+    g["embedding"] = bl.embedding_backward(cache["tokens"], params["embedding"], dx)
     return g
 
 
@@ -468,7 +484,7 @@ def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64
     the global gradient norm clipped at ``clip``, the learning rate warmed up
     linearly over ``warmup`` steps (default a tenth) and then decayed to 0 on a
     cosine. ``ssd_dt_init`` is passed to :func:`init_model` (the SSD's initial
-    step; ``None``, the default, keeps ``b_dt = 0``).
+    step; ``None``, the default, keeps ``dt_bias = 0``).
 
     Returns
     -------
@@ -511,7 +527,7 @@ def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64
 # by test accuracy there (ties: lower final training loss), and then used for
 # every width, pair count and seed. Nothing else is tuned.
 SWEEP = {
-    "mixers": ("softmax", "linear", "deltanet", "gated_deltanet", "ssd", "hybrid"),
+    "mixers": (SOFTMAX, LINEAR, DELTA, GATED_DELTA, SSD, HYBRID),
     "d_models": (8, 16),
     "n_pairs": (4, 8),
     "seeds": (0, 1, 2),
@@ -528,7 +544,7 @@ SWEEP = {
 }
 
 # The follow-up that chapter 9 pre-registers (``make experiment-ssd``): the SSD alone,
-# with its step initialised at 0.01 (b_dt = softplus^{-1}(0.01)) instead of ln 2, and
+# with its step initialised at 0.01 (dt_bias = softplus^{-1}(0.01)) instead of ln 2, and
 # everything else (a = -1, sizes, steps, seeds, learning-rate grid and rule) as in SWEEP.
 SSD_FOLLOWUP = {**SWEEP, "mixers": ("ssd",), "ssd_dt_init": 0.01}
 

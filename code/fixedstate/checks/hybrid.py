@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import costs
 from .. import hybrid as hy
+from .. import time_model as tm
 from ._core import check_numeric, CheckResult, Failure, call_student, call_without, compare_number, failed, run_check
 
 __all__ = ["ANSWERS", "check_answer", "check_kv_cache_at", "check_fit_time_model",
@@ -36,9 +37,9 @@ def _answers() -> dict[str, dict]:
     # 128,000 tokens, against Mamba-2 states (28 layers of 112 heads, N = 128, P = 64, float32).
     kv_128k = costs.kv_cache_bytes(128_000, n_layers=28, n_kv_heads=4, head_dim=128, bytes_per_element=2)
     state_m2 = costs.linear_state_bytes(n_layers=28, n_heads=112, d_k=128, d_v=64, bytes_per_element=4)
-    a, b = hy.fit_time_model(*PUBLISHED_THROUGHPUT)
+    a, b = tm.fit_time_model(*PUBLISHED_THROUGHPUT)
     qwen_all = hy.all_attention(qwen)
-    a_all, b_all = hy.all_attention_time_model(qwen, a, b)
+    a_all, b_all = tm.all_attention_time_model(qwen, a, b)
     return {
         "ex-hy-kv-factor": dict(
             value=hy.stack_kv_cache_bytes(qwen_all, 128_000) / hy.stack_kv_cache_bytes(qwen, 128_000),
@@ -56,13 +57,13 @@ def _answers() -> dict[str, dict]:
             value=kv_128k / state_m2, tolerance=0.01, relative=True,
             what="how many times larger the KV cache is than the fixed state"),
         "ex-hy-share-16k": dict(
-            value=hy.attention_time_share(a, b, 16_000), tolerance=0.005, relative=False,
+            value=tm.attention_time_share(a, b, 16_000), tolerance=0.005, relative=False,
             what="the share of the time per token that grows with the context, at 16k"),
         "ex-hy-predict-128k": dict(
-            value=hy.predicted_tokens_per_second(a, b, 128_000), tolerance=0.02, relative=True,
+            value=tm.predicted_tokens_per_second(a, b, 128_000), tolerance=0.02, relative=True,
             what="the predicted throughput of the hybrid at 128k tokens, in tokens/s"),
         "ex-hy-all-attention-16k": dict(
-            value=hy.predicted_tokens_per_second(a_all, b_all, 16_000), tolerance=0.02, relative=True,
+            value=tm.predicted_tokens_per_second(a_all, b_all, 16_000), tolerance=0.02, relative=True,
             what="the predicted throughput of an all-attention model of the same shape at 16k"),
     }
 
@@ -163,7 +164,7 @@ def check_fit_time_model(fit_time_model) -> CheckResult:
                 a, b = (float(x) for x in got)
             except (TypeError, ValueError):
                 raise Failure(f"on {case}: expected a pair (a, b) of numbers, got {got!r}") from None
-            ea, eb = hy.fit_time_model(lengths, rates)
+            ea, eb = tm.fit_time_model(lengths, rates)
             if np.isclose(a, ea, rtol=1e-9, atol=0) and np.isclose(b, eb, rtol=1e-9, atol=0):
                 continue
             (l1, l2), (r1, r2) = lengths, rates

@@ -15,7 +15,7 @@ block (equation ``eq-sl-mamba2``) written from the blocks, compared with
 
 from __future__ import annotations
 
-from unittest import mock
+import dataclasses
 
 import numpy as np
 
@@ -143,13 +143,8 @@ def _mamba2_slips(p, x, cache):
     """What the likely slips give: pairs (what went wrong, y)."""
     no_skip = dict(p, D=np.zeros_like(p["D"]))
     one_weight = dict(p, norm_weight=np.ones_like(p["norm_weight"]))
-    gated_rms_norm = fl.blocks.gated_rms_norm
-
-    def norm_then_gate(*args, **kwargs):
-        return gated_rms_norm(*args, **dict(kwargs, norm_before_gate=True))
-
-    with mock.patch.object(fl.blocks, "gated_rms_norm", norm_then_gate):
-        y_norm_first = fl.mamba2_block_step(p, x, cache)[0]
+    norm_first = dict(p, config=dataclasses.replace(p["config"], norm_before_gate=True))
+    y_norm_first = fl.mamba2_block_step(norm_first, x, cache)[0]
     return [("the skip D x is missing: y = S^T C + D x per head", fl.mamba2_block_step(no_skip, x, cache)[0]),
             ("the norm's weight (params['norm_weight']) is missing", fl.mamba2_block_step(one_weight, x, cache)[0]),
             ("the gate comes after the norm; Mamba-2 gates first: RMSNorm(y * SiLU(z)) per group", y_norm_first)]
