@@ -139,6 +139,8 @@ def author_year(root: Path = ROOT) -> dict[str, tuple[str, str]]:
             names = clean(entry.fields.get("organization", entry.fields.get("title", key)))
         elif len(last) == 1:
             names = last[0]
+        elif last[-1] == "others":   # bibtex's "and others": the list is cut short
+            names = f"{last[0]} et al."
         elif len(last) == 2:
             names = f"{last[0]} and {last[1]}"
         else:
