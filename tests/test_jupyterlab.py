@@ -11,7 +11,9 @@ exercise, solution and appendix notebook in headless Chromium. It fails on:
 - any formula KaTeX could not typeset (an undefined macro such as ``\\T``);
 - any cross-reference jupyterlab-myst cannot resolve (drawn as a warning), except the
   exercise a solution's title names, which lives in another notebook (its label shows);
-- any exercise whose title line lacks its number or its points.
+- any exercise whose title line lacks its number or its points;
+- any inline expression drawn as its code (``glued(...)``) or whose stored value
+  (the cell's ``user_expressions``) does not appear in the rendered text.
 
 It saves a screenshot of each notebook under ``_build/jupyterlab/`` (the top of the
 notebook, and for an exercise notebook its first exercise too).
@@ -24,6 +26,7 @@ every run. Marked ``kit`` (it installs the kit): ``make jupyterlab-test`` runs i
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -159,6 +162,21 @@ def _markdown_cells(rel: str) -> list[str]:
     return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
 
 
+def _stored_values(rel: str) -> list[list[str]]:
+    """Per markdown cell, the texts of its inline expressions' stored values (what JupyterLab must show)."""
+    nb = json.loads((ROOT / rel).read_text())
+    out = []
+    for c in nb["cells"]:
+        if c["cell_type"] != "markdown":
+            continue
+        texts = []
+        for e in c.get("metadata", {}).get("user_expressions", []):
+            plain = e.get("result", {}).get("data", {}).get("text/plain", "")
+            texts.append(ast.literal_eval(plain) if plain[:1] in "'\"" else plain)
+        out.append(texts)
+    return out
+
+
 def _shut_down_kernels(url, token):
     req = urllib.request.Request(f"{url}/api/sessions?token={token}")
     for s in json.loads(urllib.request.urlopen(req, timeout=10).read()):
@@ -210,6 +228,7 @@ def test_the_notebook_renders_in_jupyterlab_without_markup_math_errors_or_unnumb
         _shut_down_kernels(url, token)
 
     assert len(cells) == len(sources), f"{rel}: {len(cells)} markdown cells shown, {len(sources)} in the file"
+    values = _stored_values(rel)
     problems = []
     for i, cell in enumerate(cells):
         if cell is None:
@@ -218,6 +237,13 @@ def test_the_notebook_renders_in_jupyterlab_without_markup_math_errors_or_unnumb
         for m in RAW_SYNTAX.finditer(cell["text"]):
             line = cell["text"][max(0, m.start() - 40):m.end() + 40].replace("\n", " ")
             problems.append(f"markdown cell {i}: shows MyST syntax {m.group(0)!r}: ...{line}...")
+        # every inline expression is drawn as its stored value, not as its code
+        if "glued(" in cell["text"]:
+            problems.append(f"markdown cell {i}: shows an inline expression's code instead of its value")
+        flat = re.sub(r"\s+", "", cell["text"])
+        for value in values[i]:
+            if re.sub(r"\s+", "", value) not in flat:
+                problems.append(f"markdown cell {i}: the stored value {value!r} is not shown")
         for e in cell["errors"]:
             if e["what"].startswith(("Cross Reference Not Found", "No target")):
                 if not e["inSolutionTitle"]:

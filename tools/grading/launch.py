@@ -90,7 +90,9 @@ def inner(config_path: str) -> None:
     for name in ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf"):
         if os.path.exists(name):
             args += ["--ro-bind", name, name]
-    args += [*binds, "--proc", "/proc", "--dev", "/dev",
+    # /dev is a tmpfs that bwrap makes writable by the sandbox's uid and sizes at the host's
+    # default: read-only, so that a notebook cannot fill memory there (/dev/null still takes writes)
+    args += [*binds, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
              "--bind", str(w / "home"), f"{BOOK}/home", "--bind", str(w / "exercises"), WORKDIR,
              "--bind", str(w / "tmp"), "/tmp", "--bind", str(scratch / "ipc"), IPC,
              "--chdir", WORKDIR, "--uid", str(uid), "--gid", str(gid)]
