@@ -28,6 +28,7 @@ help:
 	@echo "make update-reference rerun that comparison into results/ and re-execute the appendix page that shows it"
 	@echo "make bench-figures time one update of every interactive figure in live mode (median, 95th percentile)"
 	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
+	@echo "make test-pythons  install the wheel on Python 3.11 to the newest here (newest and oldest declared dependencies), run the unit tests and a chapter"
 	@echo "make student-kit   one zip for students: chapter and exercise notebooks, the package wheel, pinned requirements"
 	@echo "make grade         grade a folder of exercise notebooks: make grade SUBMISSIONS=<folder>"
 	@echo "make experiment    train the tiny models of chapter 9 on MQAR (about 10 min on a 2-core machine); writes results/mqar_sweep.json"
@@ -69,6 +70,14 @@ student-kit: $(STAMP)
 .PHONY: kit-test
 kit-test: $(STAMP)
 	$(BIN)/python -m pytest tests/test_kit.py -q -m kit -p no:cacheprovider
+
+# The wheel on every Python from 3.11 to the newest on this machine (3.11, 3.12, 3.13 at least; a missing
+# one fails), each with the newest dependencies it can get and, on 3.11, once with the lowest versions the
+# wheel declares: installed into fresh venvs, the unit tests and one chapter run there (tools/test_pythons.py).
+# Minutes, so .ci/run runs it after make test; the table of versions and results is in _build/pythons/report.md.
+.PHONY: test-pythons
+test-pythons: $(STAMP)
+	$(BIN)/python tools/test_pythons.py --out _build/pythons
 
 test: $(STAMP) $(ASSET_STAMP)
 	bash tools/system_deps.sh npm chromium
