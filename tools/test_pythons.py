@@ -11,9 +11,11 @@ fewer than 3.11, 3.12 and 3.13, it
    it ships (a student's ``%pip`` is no newer),
 2. installs the wheel, built as the site builds it (``tools/kit.py``), with the
    newest versions of its dependencies that pip finds for that Python, and the
-   test tools at the versions the ``test`` extra of ``pyproject.toml`` pins,
+   test tools (and myst-nb, whose glue the chapter's outputs hold) at the versions
+   ``pyproject.toml``'s extras pin,
 3. runs the unit tests (``-m "not browser and not site and not kit"``, the quick
-   hypothesis profile) with the package imported from that environment, and nbval
+   hypothesis profile, less ``tests/test_kit.py``, whose kit is built from the book's
+   own environment) with the package imported from that environment, and nbval
    over one chapter (its stored outputs reproduced, as in ``make nbval``);
 
 and once more on the oldest of those Pythons with every dependency at the lower end
@@ -54,9 +56,11 @@ CHAPTER = "chapters/02_linear_attention.ipynb"
 #: The distributions the table shows the installed version of (the wheel's dependencies).
 UNIT_MARKERS = "not browser and not site and not kit"
 #: What the unit tests and nbval need besides the wheel's dependencies, at the pins of pyproject.toml's extras:
-#: the test tools, myst-nb (its glue writes outputs that the chapter's stored ones hold) and setuptools (the
-#: unit tests of tools/kit.py build the wheel without build isolation).
-TOOLS = {"test": ("pytest", "hypothesis", "nbval", "pytest-xdist"), "book": ("myst-nb", "setuptools")}
+#: the test tools, and myst-nb (its glue writes outputs that the chapter's stored ones hold).
+TOOLS = {"test": ("pytest", "hypothesis", "nbval", "pytest-xdist"), "book": ("myst-nb",)}
+#: Left out: the tests of the kit and the site's downloads, which build them from the book's own environment
+#: (the kit's requirements.txt is read off the installed JupyterLab and the lock); make test runs them there.
+BOOK_ENVIRONMENT_TESTS = ("tests/test_kit.py",)
 #: What the unit tests import from tools/ that no extra pins (their versions are whatever pip resolves).
 EXTRA_TEST_DEPS = ("PyYAML", "nbclient", "nbformat")
 
@@ -203,6 +207,7 @@ def run_one(python: str, label: str, wheel: Path, out: Path, oldest: list[str] |
                 row["python_version"] = where.split()[1]
         if ok:
             units, text = step("unit tests", [vpy, "-m", "pytest", "tests", "-q", "-m", UNIT_MARKERS,
+                                              *[f"--ignore={t}" for t in BOOK_ENVIRONMENT_TESTS],
                                               "-p", "no:cacheprovider", "-n", str(workers), "--dist", "loadscope"],
                                FIXEDSTATE_TEST_PROFILE="quick", FIXEDSTATE_TIMING="")
             row["unit"] = _pytest_counts(text)
@@ -241,7 +246,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "_build" / "pythons")
     p.add_argument("--python", action="append", default=None,
                    help="test only these minor versions (e.g. 3.12); default: every one from 3.11 on")
-    p.add_argument("--skip-oldest", action="store_true", help="leave out the run with the oldest declared versions")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--skip-oldest", action="store_true", help="leave out the run with the oldest declared versions")
+    which.add_argument("--oldest-only", action="store_true", help="only the run with the oldest declared versions")
     p.add_argument("--wheelhouse", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                    / "fixedstate-wheelhouse", help="where the wheels pip resolved are kept between runs")
     p.add_argument("--workers", type=int, default=int(os.environ.get("TEST_WORKERS") or os.cpu_count() or 2))
@@ -262,7 +269,7 @@ def main(argv=None) -> int:
     for v in missing:
         print(f"Python {v[0]}.{v[1]}: MISSING on this machine (looked for python{v[0]}.{v[1]} on PATH and in "
               f"pyenv's versions); the wheel must be tested on it")
-    runs = [(found[v][0], f"{v[0]}.{v[1]}-newest", None) for v in wanted if v in found]
+    runs = [] if args.oldest_only else [(found[v][0], f"{v[0]}.{v[1]}-newest", None) for v in wanted if v in found]
     present = [v for v in wanted if v in found]
     if present and not args.skip_oldest:
         v = min(present)
