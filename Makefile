@@ -29,6 +29,7 @@ help:
 	@echo "make update-reference rerun that comparison into results/ and re-execute the appendix page that shows it"
 	@echo "make bench-figures time one update of every interactive figure in live mode (median, 95th percentile)"
 	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
+	@echo "make test-pythons  install the wheel on Python 3.11 to the newest here (newest and oldest declared dependencies), run the unit tests and a chapter"
 	@echo "make student-kit   one zip for students: chapter and exercise notebooks, the package wheel, pinned requirements"
 	@echo "make grade         grade a folder of exercise notebooks, each sealed in a sandbox: make grade SUBMISSIONS=<folder>"
 	@echo "make grade-attack-test  grade the attack class next to honest students and check that nothing leaked"
@@ -80,6 +81,14 @@ kit-test: $(STAMP)
 jupyterlab-test: $(STAMP)
 	bash tools/system_deps.sh chromium
 	$(BIN)/python -m pytest tests/test_jupyterlab.py -q -m kit -p no:cacheprovider
+
+# The wheel on every Python from 3.11 to the newest on this machine (3.11, 3.12, 3.13 at least; a missing
+# one fails), each with the newest dependencies it can get and, on 3.11, once with the lowest versions the
+# wheel declares: installed into fresh venvs, the unit tests and one chapter run there (tools/test_pythons.py).
+# Minutes, so .ci/run runs it after make test; the table of versions and results is in _build/pythons/report.md.
+.PHONY: test-pythons
+test-pythons: $(STAMP)
+	$(BIN)/python tools/test_pythons.py --out _build/pythons
 
 test: $(STAMP) $(ASSET_STAMP)
 	bash tools/system_deps.sh npm chromium

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import kit  # noqa: E402
+import test_pythons  # noqa: E402
 import notebook_guard  # noqa: E402
 
 import fixedstate  # noqa: E402
@@ -53,7 +54,9 @@ def _source(cell):
 
 # ------------------------------------------------------------------ the wheel, the kit, the version check
 
-def test_the_wheel_holds_every_module_and_pins_the_dependencies_of_pyproject(built):
+def test_the_wheel_holds_every_module_and_declares_ranges_that_the_lock_lies_in(built):
+    from packaging.requirements import Requirement
+
     wheel, _ = built
     assert wheel.name == f"fixedstate-{fixedstate.__version__}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as zf:
@@ -63,9 +66,55 @@ def test_the_wheel_holds_every_module_and_pins_the_dependencies_of_pyproject(bui
     assert modules and modules <= names, f"the wheel lacks {sorted(modules - names)[:5]}"
     assert not [n for n in names if n.endswith(".pyc") or "egg-info" in n]
     assert meta["Version"] == fixedstate.__version__
+    # every Python from 3.11 on (make test-pythons installs it on each one the machine has): no upper bound
+    assert meta["Requires-Python"] == ">=3.11"
     requires = sorted(r.replace(" ", "") for r in meta.get_all("Requires-Dist") if "extra" not in r)
     assert requires == sorted(kit.project()["dependencies"])
-    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][\w.]*", r) for r in requires), requires
+    # ranges, not the book's pins: a lower end (make test-pythons installs exactly it) and no exact version,
+    # so that %pip install leaves a student's newer numpy or scipy alone ...
+    lock = kit.lock()
+    for r in map(Requirement, requires):
+        ops = sorted(s.operator for s in r.specifier)
+        assert ops in (([">="]), ["<", ">="]), f"{r}: expected a range '>=X' (with at most an upper bound '<Y')"
+        # ... and the book's own environment (requirements-lock.txt) is one the ranges allow
+        pinned = lock[kit._name(r.name)].split("==")[1]
+        assert r.specifier.contains(pinned), f"{r} excludes the lock's {r.name}=={pinned}"
+    assert len(test_pythons.lower_bounds(requires)) == len(requires)     # one lower end each, to install and test
+
+
+def test_the_oldest_constraints_pin_each_lower_end_and_refuse_a_requirement_without_one():
+    assert test_pythons.lower_bounds(["numpy>=2.0.0", "scipy<2,>=1.13.1"]) == ["numpy==2.0.0", "scipy==1.13.1"]
+    for bad in ["numpy==2.4.6", "numpy", "numpy<3", "numpy>=2,>=2.1"]:
+        with pytest.raises(ValueError, match="lower bound"):
+            test_pythons.lower_bounds([bad])
+
+
+def test_every_python_from_311_to_the_newest_found_is_tested_and_never_fewer_than_311_to_313():
+    found = {(3, 10): None, (3, 11): None, (3, 12): None, (3, 13): None}
+    assert test_pythons.pythons_to_test(found) == [(3, 11), (3, 12), (3, 13)]
+    # a machine with only 3.11 and 3.15: 3.12 to 3.14 are wanted all the same (and reported missing)
+    assert test_pythons.pythons_to_test({(3, 11): None, (3, 15): None}) == [(3, 11), (3, 12), (3, 13), (3, 14),
+                                                                            (3, 15)]
+    assert test_pythons.pythons_to_test({}) == [(3, 11), (3, 12), (3, 13)]
+
+
+def test_the_pythons_found_are_the_newest_of_each_minor_version_on_path_and_in_pyenv(tmp_path, monkeypatch):
+    def fake(path: Path, reports: str):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"#!/bin/sh\necho {reports}\n")
+        path.chmod(0o755)
+
+    fake(tmp_path / "bin" / "python3.12", "3 12 1")
+    fake(tmp_path / "bin" / "python3.14", "3 11 7")        # a pyenv shim of a version that is not selected
+    fake(tmp_path / "pyenv" / "versions" / "3.12.9" / "bin" / "python3.12", "3 12 9")
+    fake(tmp_path / "pyenv" / "versions" / "3.13.0" / "bin" / "python3.13", "3 13 0")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    found = test_pythons.find_pythons()
+    assert found == {(3, 12): (str(tmp_path / "pyenv" / "versions" / "3.12.9" / "bin" / "python3.12"), (3, 12, 9)),
+                     (3, 13): (str(tmp_path / "pyenv" / "versions" / "3.13.0" / "bin" / "python3.13"), (3, 13, 0))}
+    # 3.11 is wanted, so reported missing: a failure of make test-pythons, not a skip
+    assert [v for v in test_pythons.pythons_to_test(found) if v not in found] == [(3, 11)]
 
 
 def test_the_student_kit_holds_the_notebooks_without_solutions_the_wheel_pins_and_a_readme(built):

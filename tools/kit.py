@@ -20,9 +20,11 @@ edition, the book kit in the full one.
 The wheel is built from a copy of ``pyproject.toml``, ``README.md`` and ``code/``
 with the environment's own setuptools (pinned in the ``book`` extra), without
 build isolation, so building it needs neither the network nor anything installed
-by hand. Its dependencies are ``pyproject.toml``'s, pinned. ``requirements.txt``
-pins, at the versions of ``requirements-lock.txt``, everything the package and
-JupyterLab pull in on this platform.
+by hand. Its dependencies are ``pyproject.toml``'s: ranges, so that installing it
+keeps a reader's own newer versions (``make test-pythons`` tests their lower ends,
+and the newest, on every Python from 3.11 on). ``requirements.txt`` pins, at the
+versions of ``requirements-lock.txt``, everything the package and JupyterLab pull
+in on this platform: the environment the book's outputs were stored from.
 """
 
 from __future__ import annotations
