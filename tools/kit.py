@@ -67,10 +67,11 @@ def kit_name(edition: str, root: Path = ROOT) -> str:
     return f"fixedstate-{edition}-kit-{version(root)}"
 
 
-def jupyterlab_pin(root: Path = ROOT) -> str:
-    pins = [r for r in project(root)["optional-dependencies"]["book"] if _name(r) == "jupyterlab"]
+def jupyterlab_pin(root: Path = ROOT, name: str = "jupyterlab") -> str:
+    """The book extra's pin of ``name`` (JupyterLab, or jupyterlab-myst, which renders the notebooks' MyST)."""
+    pins = [r for r in project(root)["optional-dependencies"]["book"] if _name(r) == name]
     if len(pins) != 1:
-        raise ValueError("pyproject.toml: expected one pinned jupyterlab in the book extra")
+        raise ValueError(f"pyproject.toml: expected one pinned {name} in the book extra")
     return pins[0]
 
 
@@ -124,7 +125,7 @@ def pinned_requirements(root: Path = ROOT) -> list[str]:
 
     pins = lock(root)
     todo = [Requirement(r) for r in project(root)["dependencies"]] + [Requirement(jupyterlab_pin(root))]
-    todo += [Requirement(r) for r in project(root)["optional-dependencies"]["book"] if _name(r) == "jupyterlab-myst"]
+    todo += [Requirement(jupyterlab_pin(root, "jupyterlab-myst"))]
     seen: dict[str, str] = {}
     while todo:
         req = todo.pop()

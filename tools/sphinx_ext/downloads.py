@@ -70,8 +70,9 @@ def box(docname: str, which: str, preface: bool) -> nodes.admonition:
     wheel = kit.wheel_name(root)
     kit_zip = kit.kit_name(which, root) + ".zip"
     env = "fixedstate-env"
-    commands = (f"python3.11 -m venv {env}\n"
-                f"{env}/bin/python -m pip install {wheel} {kit.jupyterlab_pin(root)}")
+    commands = (f"python3 -m venv {env}\n"
+                f"{env}/bin/python -m pip install {wheel} {kit.jupyterlab_pin(root)} "
+                f"{kit.jupyterlab_pin(root, 'jupyterlab-myst')}")
     title = "Run the notebooks on your own machine" if preface else "Run this notebook on your own machine"
     adm = nodes.admonition(classes=["tip", "fixedstate-downloads"] + ([] if preface else ["dropdown"]))
     adm += nodes.title(title, title)
@@ -79,15 +80,17 @@ def box(docname: str, which: str, preface: bool) -> nodes.admonition:
             else "this notebook (the download button at the top of the page)")
     adm += _text("Download ", what, " and the book's package, ",
                  _link(wheel, f"{up}downloads/{wheel}", "fixedstate-wheel"),
-                 ", into one folder. There, with Python 3.11, create an environment and install the package "
-                 "with JupyterLab:")
+                 ", into one folder. There, with Python 3.11 or newer (3.11, 3.12 and 3.13 are tested), create an "
+                 "environment and install the package with JupyterLab and jupyterlab-myst, which draws the "
+                 "notebooks' formulas, references and exercises:")
     block = nodes.literal_block(commands, commands)
     block["language"] = "bash"
     adm += block
     adm += _text("Then ", _code(f"{env}/bin/jupyter lab"), " opens JupyterLab (on Windows, ",
-                 _code("py -3.11"), " in place of ", _code("python3.11"), " and ",
-                 _code(f"{env}\\Scripts\\"), " in place of ", _code(f"{env}/bin/"), "). The wheel pins "
-                 "numpy, scipy, matplotlib and ipywidgets at the versions the book was run with.")
+                 _code("py -3"), " in place of ", _code("python3"), " and ",
+                 _code(f"{env}\\Scripts\\"), " in place of ", _code(f"{env}/bin/"), "). The wheel asks for "
+                 "numpy, scipy, matplotlib and ipywidgets no older than the versions it is tested with, and "
+                 "leaves newer ones in place; the kit below pins the versions the book was run with.")
     contents = ("All the chapter and exercise notebooks" if which == "student"
                 else "Every notebook of the book, worked solutions included,")
     adm += _text(f"{contents} at once, with the wheel, a pinned ", _code("requirements.txt"),
