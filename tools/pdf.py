@@ -196,7 +196,7 @@ html { font-size: 10pt; --pst-font-size-base: 10pt; }
 body { margin: 0; padding: 0; background: white; color: #111; }
 .pdf-doc { break-before: page; }
 .pdf-doc > section > h1:first-child, .pdf-doc h1 { margin-top: 0; font-size: 20pt; }
-h1, h2, h3, h4 { break-after: avoid; }
+h1, h2, h3, h4, .admonition-title, details > summary { break-after: avoid; break-inside: avoid; }
 h2 { font-size: 14pt; margin-top: 1.2em; } h3 { font-size: 12pt; }
 p, li { orphans: 3; widows: 3; }
 figure, img, .pdf-still, mjx-container[display="true"], table, div.cell_output { break-inside: avoid; }
