@@ -14,7 +14,7 @@ MATHJAX := mathjax@3.2.2
 EXECUTE_TIMEOUT ?= 900
 NOTEBOOKS = $(sort $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb))
 
-.PHONY: book test lab jupyterlab-test execute bench bench-figures reference-env test-reference student-book student-kit unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
+.PHONY: pdf student-pdf test-pdf book test lab jupyterlab-test execute bench bench-figures reference-env test-reference student-book student-kit unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
 
 help:
 	@echo "make book          build the HTML book into _build/html"
@@ -30,6 +30,9 @@ help:
 	@echo "make bench-figures time one update of every interactive figure in live mode (median, 95th percentile)"
 	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
 	@echo "make test-pythons  install the wheel on Python 3.11 to the newest here (newest and oldest declared dependencies), run the unit tests and a chapter"
+	@echo "make pdf           the book as one PDF, _build/pdf/fixed-state-sequence-layers.pdf (also in the site's downloads/)"
+	@echo "make student-pdf   the student edition as a PDF (no solutions, no instructor's guide)"
+	@echo "make test-pdf      build both PDFs and check them (page count, titles, exercises, leaks, margins, formulas)"
 	@echo "make student-kit   one zip for students: chapter and exercise notebooks, the package wheel, pinned requirements"
 	@echo "make grade         grade a folder of exercise notebooks, each sealed in a sandbox: make grade SUBMISSIONS=<folder>"
 	@echo "make grade-attack-test  grade the attack class next to honest students and check that nothing leaked"
@@ -60,6 +63,30 @@ student-book: $(STAMP) $(ASSET_STAMP)
 	$(BIN)/python tools/student_toc.py _toc.yml _build/student_toc.yml
 	$(BIN)/jupyter-book build . --builder html --toc _build/student_toc.yml --path-output _build/student -W -n --keep-going
 	@echo "The student edition: $(CURDIR)/_build/student/_build/html/index.html"
+
+# The PDF editions (issue #33): the HTML edition printed by headless Chromium, with a table of
+# contents, bookmarks, page numbers and running headers (tools/pdf.py); a copy goes to the site's
+# downloads/, which the preface and the instructor's guide link. make test-pdf builds and checks both.
+PDF_DIR := _build/pdf
+pdf: book
+	bash tools/system_deps.sh chromium
+	$(BIN)/python tools/pdf.py _build/html _toc.yml $(PDF_DIR)/fixed-state-sequence-layers.pdf --edition book \
+	  --serve _build/html
+
+student-pdf: student-book
+	bash tools/system_deps.sh chromium
+	$(BIN)/python tools/pdf.py _build/student/_build/html _build/student_toc.yml \
+	  $(PDF_DIR)/fixed-state-sequence-layers-student.pdf --edition student \
+	  --serve _build/student/_build/html $(if $(wildcard _build/html/index.html),--serve _build/html)
+
+# Both HTML editions built (strict), then tests/test_pdf.py prints both PDFs and reads them back;
+# tools/system_deps.sh also installs pdftoppm (poppler-utils), to draw pages of them as pictures.
+test-pdf: $(STAMP) $(ASSET_STAMP)
+	bash tools/system_deps.sh chromium pdftoppm
+	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
+	$(BIN)/python tools/student_toc.py _toc.yml _build/student_toc.yml
+	$(BIN)/jupyter-book build . --builder html --toc _build/student_toc.yml --path-output _build/student -W -n --keep-going
+	$(BIN)/python -m pytest tests/test_pdf.py -m pdf -q -p no:cacheprovider -s
 
 # The notebooks students run (chapters, exercises; no solutions), the wheel, requirements.txt
 # and a README of two commands, in one zip (tools/kit.py); the student edition serves the same kit.
@@ -104,7 +131,7 @@ WORKERS ?= $(or $(TEST_WORKERS),$(shell nproc 2>/dev/null || echo 2))
 
 unit: $(STAMP)
 	FIXEDSTATE_TEST_PROFILE=full FIXEDSTATE_TIMING= $(BIN)/python -m pytest tests -q \
-	  -m "not browser and not site and not kit and not grade_attack" -n $(WORKERS) --dist loadscope
+	  -m "not browser and not site and not kit and not grade_attack and not pdf" -n $(WORKERS) --dist loadscope
 
 # A notebook's cells run in order in one kernel: --dist loadfile keeps each notebook on one worker.
 # FIXEDSTATE_TIMING=once: timing cells (outputs not compared) make one run each (fixedstate.timing).

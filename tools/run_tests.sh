@@ -79,7 +79,7 @@ together "built site: student-edition and student-kit leak tests, downloads, bro
   -n $WORKERS --dist loadfile ${NOTEBOOK_DIRS[*]}"
 # The full hypothesis profile and real timings, whatever the caller's shell exports.
 part "unit tests" env FIXEDSTATE_TEST_PROFILE=full FIXEDSTATE_TIMING= $BIN/python -m pytest tests -q \
-  -m "not browser and not site and not kit and not grade_attack" -p no:cacheprovider -n "$WORKERS" --dist loadscope
+  -m "not browser and not site and not kit and not grade_attack and not pdf" -p no:cacheprovider -n "$WORKERS" --dist loadscope
 
 echo
 if [ ${#failed[@]} -eq 0 ]; then

@@ -4,6 +4,7 @@
 #   bash tools/system_deps.sh npm            (make book: npm fetches the site's JavaScript)
 #   bash tools/system_deps.sh npm chromium   (make test: chromium runs the browser test)
 #   bash tools/system_deps.sh bwrap          (make grade: bubblewrap seals each student's notebook)
+#   bash tools/system_deps.sh chromium pdftoppm   (make test-pdf: chromium prints, pdftoppm draws pages)
 #
 # A missing program is installed with apt-get when this runs as root on a Debian-like
 # system (a container, a CI machine); with sudo when sudo works without a password.
@@ -11,7 +12,7 @@
 # lets a part of the suite be skipped silently.
 set -euo pipefail
 
-declare -A package=([npm]=npm [chromium]=chromium [bwrap]=bubblewrap)
+declare -A package=([npm]=npm [chromium]=chromium [bwrap]=bubblewrap [pdftoppm]=poppler-utils)
 missing=()
 for program in "$@"; do
   [ -n "${package[$program]:-}" ] || { echo "system_deps.sh: unknown program '$program'" >&2; exit 2; }

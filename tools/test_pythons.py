@@ -13,7 +13,7 @@ fewer than 3.11, 3.12 and 3.13, it
    newest versions of its dependencies that pip finds for that Python, and the
    test tools (and myst-nb, whose glue the chapter's outputs hold) at the versions
    ``pyproject.toml``'s extras pin,
-3. runs the unit tests (``-m "not browser and not site and not kit and not grade_attack"``, the quick
+3. runs the unit tests (``-m "not browser and not site and not kit and not grade_attack and not pdf"``, the quick
    hypothesis profile, less ``tests/test_kit.py``, whose kit is built from the book's
    own environment) with the package imported from that environment, and nbval
    over one chapter (its stored outputs reproduced, as in ``make nbval``);
@@ -54,7 +54,7 @@ REQUIRED = [(3, 11), (3, 12), (3, 13)]
 #: The light chapter whose stored outputs each environment must reproduce.
 CHAPTER = "chapters/02_linear_attention.ipynb"
 #: The distributions the table shows the installed version of (the wheel's dependencies).
-UNIT_MARKERS = "not browser and not site and not kit and not grade_attack"
+UNIT_MARKERS = "not browser and not site and not kit and not grade_attack and not pdf"
 #: What the unit tests and nbval need besides the wheel's dependencies, at the pins of pyproject.toml's extras:
 #: the test tools, and myst-nb (its glue writes outputs that the chapter's stored ones hold).
 TOOLS = {"test": ("pytest", "hypothesis", "nbval", "pytest-xdist"), "book": ("myst-nb",)}

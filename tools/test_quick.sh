@@ -10,7 +10,7 @@ WORKERS=${TEST_WORKERS:-$(nproc 2>/dev/null || echo 2)}
 BASE=${BASE:-main}
 status=0
 t0=$SECONDS
-FIXEDSTATE_TEST_PROFILE=quick $BIN/python -m pytest tests -q -m "not browser and not site and not kit and not grade_attack" \
+FIXEDSTATE_TEST_PROFILE=quick $BIN/python -m pytest tests -q -m "not browser and not site and not kit and not grade_attack and not pdf" \
   -p no:cacheprovider -n "$WORKERS" --dist loadscope || status=1
 changed=$( { git diff --name-only "$(git merge-base HEAD "$BASE" 2>/dev/null || echo HEAD)" -- ;
              git ls-files --others --exclude-standard; } |

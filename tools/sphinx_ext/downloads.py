@@ -10,6 +10,11 @@
    (create an environment; ``pip install`` the wheel). The preface places the same
    box, with the kit, where it writes ``{fixedstate-downloads}``.
 
+3. Where a page writes ``{fixedstate-pdf}`` (the preface, the instructor's guide), a
+   paragraph links the PDF editions that ``make pdf`` and ``make student-pdf`` print
+   from the site and place in its ``downloads/`` (``tools/pdf.py``): both in the full
+   edition, the student PDF alone in the student edition.
+
 Links are relative to the page, so the site works from any address and offline.
 """
 
@@ -25,6 +30,7 @@ from sphinx.util import logging
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kit  # noqa: E402  (tools/kit.py)
+from pdf import PDF_NAMES  # noqa: E402  (tools/pdf.py: the PDF editions' file names)
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +47,17 @@ class DownloadsDirective(Directive):
 
     def run(self):
         return [downloads_box()]
+
+
+class pdf_links(nodes.General, nodes.Element):
+    """Placeholder for the paragraph that links the PDF editions (doctree-resolved)."""
+
+
+class PdfDirective(Directive):
+    has_content = False
+
+    def run(self):
+        return [pdf_links()]
 
 
 def edition(app) -> str:
@@ -99,10 +116,29 @@ def box(docname: str, which: str, preface: bool) -> nodes.admonition:
     return adm
 
 
+def pdf_paragraph(docname: str, which: str) -> nodes.paragraph:
+    up = "../" * docname.count("/")
+
+    def link(kind):
+        return _link(PDF_NAMES[kind], f"{up}downloads/{PDF_NAMES[kind]}", "fixedstate-pdf")
+
+    lead = ("For print, and for reading and annotating on a tablet, the book is also one PDF, numbered as here, "
+            "with a table of contents, bookmarks and links: ")
+    if which == "book":
+        what = ("the complete edition, ", link("book"), ", with the solutions and the instructor's guide, and the "
+                "student edition, ", link("student"), ", without them. ")
+    else:
+        what = ("the student edition, ", link("student"), ". ")
+    return _text(lead, *what, "Each interactive figure is shown at its default setting, beside its description "
+                 "in words; ", _code("make pdf"), " and ", _code("make student-pdf"), " print them from the site.")
+
+
 def add_boxes(app, doctree, docname) -> None:
     which = edition(app)
     for node in list(doctree.findall(downloads_box)):
         node.replace_self(box(docname, which, preface=True))
+    for node in list(doctree.findall(pdf_links)):
+        node.replace_self(pdf_paragraph(docname, which))
     if docname.startswith(BOX_ON):
         section = next(iter(doctree.findall(nodes.section)), None)
         if section is None or not isinstance(section[0], nodes.title):
@@ -122,6 +158,8 @@ def write_downloads(app, exception) -> None:
 def setup(app):
     app.add_node(downloads_box)
     app.add_directive("fixedstate-downloads", DownloadsDirective)
+    app.add_node(pdf_links)
+    app.add_directive("fixedstate-pdf", PdfDirective)
     app.connect("doctree-resolved", add_boxes)
     app.connect("build-finished", write_downloads)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
