@@ -13,10 +13,10 @@ fewer than 3.11, 3.12 and 3.13, it
    newest versions of its dependencies that pip finds for that Python, and the
    test tools (and myst-nb, whose glue the chapter's outputs hold) at the versions
    ``pyproject.toml``'s extras pin,
-3. runs the unit tests (``-m "not browser and not site and not kit and not grade_attack and not pdf"``, the quick
-   hypothesis profile, less ``tests/test_kit.py``, whose kit is built from the book's
-   own environment) with the package imported from that environment, and nbval
-   over one chapter (its stored outputs reproduced, as in ``make nbval``);
+3. runs the unit tests (the markers of ``make unit``, the quick hypothesis profile,
+   less the tests of the book's own tools, the kit, the grader and the notebooks'
+   MyST form, which run in the book's environment) with the package imported from
+   that environment, and nbval over one chapter (its stored outputs reproduced, as in ``make nbval``);
 
 and once more on the oldest of those Pythons with every dependency at the lower end
 of the range the wheel declares (a constraints file that pins each lower bound), so
@@ -58,9 +58,13 @@ UNIT_MARKERS = "not browser and not site and not kit and not grade_attack and no
 #: What the unit tests and nbval need besides the wheel's dependencies, at the pins of pyproject.toml's extras:
 #: the test tools, and myst-nb (its glue writes outputs that the chapter's stored ones hold).
 TOOLS = {"test": ("pytest", "hypothesis", "nbval", "pytest-xdist"), "book": ("myst-nb",)}
-#: Left out: the tests of the kit and the site's downloads, which build them from the book's own environment
-#: (the kit's requirements.txt is read off the installed JupyterLab and the lock); make test runs them there.
-BOOK_ENVIRONMENT_TESTS = ("tests/test_kit.py",)
+#: Left out: tests of the book's own tools, which run in the book's environment, not a student's, and which
+#: make test runs there: the kit and the site's downloads (the kit's requirements.txt is read off the
+#: installed JupyterLab and the lock), the instructor's grader (its sandbox runs the book's venv), and the
+#: notebooks' MyST form (tools/sphinx_ext, which needs the book's build tools).
+BOOK_ENVIRONMENT_TESTS = ("tests/test_kit.py", "tests/test_grade.py", "tests/test_grade_course.py",
+                          "tests/test_grade_hidden.py", "tests/test_grade_attack.py",
+                          "tests/test_notebook_portability.py")
 #: What the unit tests import from tools/ that no extra pins (their versions are whatever pip resolves).
 EXTRA_TEST_DEPS = ("PyYAML", "nbclient", "nbformat")
 
