@@ -332,13 +332,13 @@ def _kv_cache_at(rng):
 
 @register("hybrid", "check_fit_time_model")
 def _fit_time(rng):
-    from fixedstate import hybrid as hy
+    from fixedstate import time_model
     out = []
     for _ in range(2):
         lengths = sorted(int(x) for x in rng.choice(np.arange(500, 64_000, 250), 2, replace=False))
         rates = [float(rng.uniform(150, 300)), float(rng.uniform(60, 149))]
         out.append(Case(f"{lengths[0]:,} tokens at {rates[0]:.1f} tok/s, {lengths[1]:,} at {rates[1]:.1f}",
-                        (list(lengths), list(rates)), expected=tuple(hy.fit_time_model(lengths, rates)),
+                        (list(lengths), list(rates)), expected=tuple(time_model.fit_time_model(lengths, rates)),
                         rtol=1e-9, atol=1e-15, what="(a, b)"))
     return out
 
