@@ -53,7 +53,7 @@ def test_split_check_passes_the_solution_and_names_the_slips():
     assert ch.check_split_qkvz(split_qkvz).passed
     result = ch.check_split_qkvz(lambda w, c: tuple(m.T for m in split_qkvz(w, c)))
     assert not result.passed and "transpose" in result.message
-    result = ch.check_split_qkvz(ch._naive_split)
+    result = ch.check_split_qkvz(ch.contiguous_split)
     assert not result.passed and "contiguous block" in result.message
     result = ch.check_split_qkvz(lambda w, c: ...)
     assert not result.passed

@@ -23,7 +23,7 @@ def _mean(runs, mixer, d_model, n_pairs):
 
 
 def test_mean_accuracy_check_passes_the_mean_and_names_the_slips():
-    runs = ck._made_up_runs()
+    runs = ck.made_up_runs()
     assert ck.check_mean_accuracy(_mean, runs).passed
 
     def skips_diverged(runs, mixer, d_model, n_pairs):

@@ -119,6 +119,7 @@ def test_figure_png_is_a_small_png_and_closes_the_figure():
 import numpy as np  # noqa: E402
 
 from fixedstate import recall as rc  # noqa: E402
+from fixedstate import recall_lab  # noqa: E402
 from fixedstate.figures import delta_rule as fdr  # noqa: E402
 from fixedstate.figures import recall as frc  # noqa: E402
 
@@ -169,7 +170,7 @@ def _lab_bars(fig):
 
 def test_draw_lab_shows_each_keys_error_and_colour():
     fig = frc.draw_lab("linear", 12, 0.3, d_k=8, seed=2)
-    result, _ = rc.lab_update("linear", 12, 8, 0.3, seed=2)
+    result, _ = recall_lab.update("linear", 12, 8, 0.3, seed=2)
     bars = _lab_bars(fig)
     assert bars in fig.axes[0].collections
     assert np.allclose(bar_heights(bars), result.errors, rtol=1e-12)
@@ -180,7 +181,7 @@ def test_draw_lab_shows_each_keys_error_and_colour():
 
 def test_draw_lab_uses_the_value_width():
     fig = frc.draw_lab("linear", 12, 0.0, 32, d_k=8, seed=2)
-    result, curve = rc.lab_update("linear", 12, 8, 0.0, d_v=32, seed=2)
+    result, curve = recall_lab.update("linear", 12, 8, 0.0, d_v=32, seed=2)
     assert np.allclose(bar_heights(_lab_bars(fig)), result.errors, rtol=1e-12)
     assert "d_v = 32" in fig.axes[0].get_title()
     lines = fig.axes[1].get_lines()
@@ -194,7 +195,7 @@ def test_draw_lab_uses_the_value_width():
 
 def test_draw_capacity_draws_every_mechanism():
     fig = frc.draw_capacity(8, 0.3, n_seeds=2)
-    curve = rc.capacity_curve(8, rc.lab_n_values(8), overlap=0.3, n_seeds=2)
+    curve = rc.capacity_curve(8, recall_lab.n_values(8), overlap=0.3, n_seeds=2)
     lines = fig.axes[0].get_lines()
     assert [line.get_label() for line in lines[:len(rc.MECHANISMS)]] == [
         frc.LAB_MECHANISM_LABELS[m] for m in rc.MECHANISMS]
@@ -285,8 +286,8 @@ def test_live_lab_redraws_at_values_between_the_grid_points():
     box.controls["d_v"].value = 40
     box.controls["mechanism"].value = "gated_delta"
     fig = box.figure
-    result = rc.lab_experiment("gated_delta", 13, 16, 0.37, d_v=40)
-    curve = rc.lab_curves(16, 0.37, d_v=40)
+    result = recall_lab.experiment("gated_delta", 13, 16, 0.37, d_v=40)
+    curve = recall_lab.curves(16, 0.37, d_v=40)
     assert np.allclose(bar_heights(_lab_bars(fig)), result.errors, rtol=1e-12)
     assert len(bar_heights(_lab_bars(fig))) == 13
     assert "N = 13" in fig.axes[0].get_title() and "d_v = 40" in fig.axes[0].get_title()
@@ -305,7 +306,7 @@ def test_live_capacity_redraws_at_values_between_the_grid_points():
                              initial={"d_k": 16}, mode="live")
     box.controls["d_k"].value = 20
     box.controls["overlap"].value = 0.45
-    curve = rc.capacity_curve(20, rc.lab_n_values(20), overlap=0.45)
+    curve = rc.capacity_curve(20, recall_lab.n_values(20), overlap=0.45)
     parts = figure_parts(box.figure)
     for mech in rc.MECHANISMS:
         assert np.array_equal(parts["accuracy"][mech].get_xdata(), curve.ratios)

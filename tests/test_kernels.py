@@ -15,6 +15,7 @@ from _examples import examples
 from fixedstate import delta_family as df
 from fixedstate import gated_linear_attention as gla
 from fixedstate import kernels
+from fixedstate import ssm
 
 SETTINGS = examples(40)
 
@@ -105,3 +106,29 @@ def test_the_chunked_forms_do_not_depend_on_how_chunks_are_grouped(layer, group_
     err = max(np.max(np.abs(o.reshape(o_ref.shape) - o_ref)) / np.max(np.abs(o_ref)),
               np.max(np.abs(S.reshape(S_ref.shape) - S_ref)) / np.max(np.abs(S_ref)))
     assert err <= 1e-13
+
+
+# ---------------------------------------------------------------------------- the SSD's state, one kernel
+
+@SETTINGS
+@given(T=st.integers(1, 20), N=st.integers(1, 4), P=st.integers(1, 4), heads=st.integers(1, 3),
+       seed=st.integers(0, 10**6))
+def test_the_ssd_forms_take_their_state_and_mask_from_the_kernels(T, N, P, heads, seed):
+    # ssd_quadratic's final state is kernels.ssd_state and ssd_mask is kernels.ssd_decay_mask, bit for
+    # bit, so the recall lab's SSM memory (which calls ssd_state) and the layer share one arithmetic;
+    # the kernel's state is the recurrence S <- g_t S + B_t v_t^T, token by token, to rounding
+    rng = np.random.default_rng(seed)
+    x, delta = rng.standard_normal((heads, T, P)), rng.uniform(0.05, 1.0, (heads, T))
+    a, B, C = -rng.uniform(0.0, 2.0, heads), rng.standard_normal((heads, T, N)), rng.standard_normal((heads, T, N))
+    S0 = rng.standard_normal((heads, N, P))
+    log_gate, V = a[:, None] * delta, delta[..., None] * x
+    _, S = ssm.ssd_quadratic(x, delta, a, B, C, initial_state=S0)
+    state = kernels.ssd_state(log_gate, B, V, S0)
+    assert S.tobytes() == state.tobytes()
+    assert ssm.ssd_mask(delta, a).tobytes() == kernels.ssd_decay_mask(log_gate).tobytes()
+    loop = S0.copy()
+    for t in range(T):
+        loop = np.exp(log_gate[:, t, None, None]) * loop + B[:, t, :, None] * V[:, t, None, :]
+    assert np.max(np.abs(state - loop)) <= 1e-12 * max(1.0, np.max(np.abs(loop)))
+    written = kernels.ssd_state(log_gate, B, V, None)          # no initial state: only what was written
+    assert np.max(np.abs(written - kernels.ssd_state(log_gate, B, V, np.zeros_like(S0)))) == 0.0

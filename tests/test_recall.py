@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from _examples import examples
 
 from fixedstate import recall as rc
+from fixedstate import recall_lab
 from fixedstate.delta_rule import delta_rule_recurrent, gated_delta_rule_recurrent
 from fixedstate.linear_attention import identity_feature_map, linear_attention_recurrent
 from fixedstate.softmax_attention import softmax_attention
@@ -421,25 +422,25 @@ def test_bad_input_raises_naming_the_argument(call, name):
 # ----------------------------------------------------------------------------- the lab
 
 def test_lab_update_is_the_experiment_and_the_curve():
-    result, curve = rc.lab_update("delta", 10, 8, 0.3, seed=4, n_seeds=3)
+    result, curve = recall_lab.update("delta", 10, 8, 0.3, seed=4, n_seeds=3)
     rng = np.random.default_rng(4)
     keys = rc.make_keys(10, 8, overlap=0.3, rng=rng)
     values = rc.make_values(10, 8, rng=rng)
     assert np.array_equal(result.recalled, rc.recall_pairs("delta", keys, values).recalled)
-    again = rc.capacity_curve(8, rc.lab_n_values(8), overlap=0.3, n_seeds=3, seed=4)
+    again = rc.capacity_curve(8, recall_lab.n_values(8), overlap=0.3, n_seeds=3, seed=4)
     for m in rc.MECHANISMS:
         assert np.array_equal(curve.accuracy[m], again.accuracy[m])
     assert curve.n_values[0] == 1 and curve.n_values[-1] == 32
 
 
 def test_lab_update_takes_the_value_width():
-    result, curve = rc.lab_update("linear", 10, 8, 0.0, d_v=24, seed=4, n_seeds=3)
+    result, curve = recall_lab.update("linear", 10, 8, 0.0, d_v=24, seed=4, n_seeds=3)
     rng = np.random.default_rng(4)
     keys = rc.make_keys(10, 8, rng=rng)
     values = rc.make_values(10, 24, rng=rng)
     assert result.recalled.shape == (10, 24)
     assert np.array_equal(result.recalled, rc.recall_pairs("linear", keys, values).recalled)
-    again = rc.capacity_curve(8, rc.lab_n_values(8), d_v=24, n_seeds=3, seed=4)
+    again = rc.capacity_curve(8, recall_lab.n_values(8), d_v=24, n_seeds=3, seed=4)
     assert curve.d_v == 24
     for m in rc.MECHANISMS:
         assert np.array_equal(curve.accuracy[m], again.accuracy[m])

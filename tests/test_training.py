@@ -206,7 +206,7 @@ def test_the_stored_followup_has_its_provenance_and_every_run():
     assert all((r["d_model"], r["n_pairs"], r["seed"]) == (s["tune_d_model"], s["tune_n_pairs"], s["tune_seed"])
                for r in tuning)                                       # the sweep's tuning configuration
     assert "experiment-ssd" in prov["command"] and "--ssd-followup" in prov["command"]
-    assert stored["chosen_lr"]["ssd"] == tr._choose_lr(tuning)       # the sweep's rule picked it
+    assert stored["chosen_lr"]["ssd"] == tr.choose_lr(tuning)       # the sweep's rule picked it
 
 
 def test_one_configuration_of_the_followup_reproduces_its_stored_accuracy():

@@ -16,7 +16,9 @@ from _examples import examples
 from fixedstate import delta_family as fam
 from fixedstate import delta_rule as dr
 from fixedstate import gated_linear_attention as gla
-from fixedstate._validate import Arg, check_log_gate, prepare_layer_args
+from fixedstate import layers as fl
+from fixedstate import recall as rc
+from fixedstate._validate import Arg, as_generator, check_log_gate, prepare_layer_args
 
 
 def _args(q, k, v, g=None):
@@ -99,3 +101,28 @@ def test_every_layer_that_uses_it_names_a_wrong_value_argument(call):
     call(q, k, rng.standard_normal((4, 2)), g)                               # the right shapes run
     with pytest.raises(ValueError, match=r"^v: expected shape"):
         call(q, k, rng.standard_normal((5, 2)), g)
+
+
+# ---------------------------------------------------------------------------- as_generator: the one rng check
+
+def test_as_generator_takes_a_generator_a_seed_and_none_only_with_a_default():
+    g = np.random.default_rng(5)
+    assert as_generator(g) is g
+    assert as_generator(7).random() == np.random.default_rng(7).random()
+    assert as_generator(np.int64(7)).random() == np.random.default_rng(7).random()
+    assert as_generator(None, default_seed=3).random() == np.random.default_rng(3).random()
+    with pytest.raises(ValueError, match=r"^rng: expected a numpy Generator or an integer seed, got NoneType None$"):
+        as_generator(None)
+    with pytest.raises(ValueError, match=r"^seed: expected a numpy Generator, an integer seed or None, got bool True$"):
+        as_generator(True, "seed", default_seed=0)
+
+
+def test_the_layers_and_recall_give_the_same_rng_error():
+    # both modules check their rng with as_generator: one message, naming the argument and what it got
+    with pytest.raises(ValueError, match=r"^rng: expected a numpy Generator or an integer seed, got str 'seed'$"):
+        fl.init_mamba(fl.MambaConfig(8, 4, 2, 1), "seed")
+    with pytest.raises(ValueError, match=r"^rng: expected a numpy Generator, an integer seed or None, got str 'seed'$"):
+        rc.make_keys(3, 4, rng="seed")
+    with pytest.raises(ValueError, match=r"^rng: expected a numpy Generator, an integer seed or None, got float 1.5$"):
+        rc.make_mqar(2, 16, 2, 8, rng=1.5)
+    assert np.array_equal(rc.make_keys(3, 4, rng=None), rc.make_keys(3, 4, rng=0))

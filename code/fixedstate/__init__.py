@@ -3,7 +3,7 @@
 One module per idea, named after the chapter that explains it:
 
 - :mod:`fixedstate.softmax_attention`: causal softmax attention and its KV cache.
-- :mod:`fixedstate.costs`: FLOP and memory accounting.
+- :mod:`fixedstate.costs`: FLOP and memory accounting, every counter of the book.
 - :mod:`fixedstate.linear_attention`: kernel feature maps, causal linear attention
   in four forms, Performer (FAVOR+) features and Linformer projections.
 - :mod:`fixedstate.delta_rule`: the delta rule, the gated delta rule and Kimi Delta
@@ -14,9 +14,17 @@ One module per idea, named after the chapter that explains it:
 - :mod:`fixedstate.delta_family`: the delta rule's relatives (DeltaProduct, RWKV-7,
   Longhorn) and parity with negative eigenvalues.
 - :mod:`fixedstate.recall`: associative-recall experiments and the MQAR task.
-- :mod:`fixedstate.hybrid`: hybrid stacks, their cost model and a numpy toy stack.
+- :mod:`fixedstate.recall_lab`: what one move of the recall chapter's sliders recomputes.
+- :mod:`fixedstate.hybrid`: the cost model of hybrid stacks (parameters, FLOPs, bytes).
+- :mod:`fixedstate.time_model`: the time per token ``t(L) = a + b L`` of a hybrid stack
+  and its all-attention twin.
+- :mod:`fixedstate.toy_stack`: a numpy hybrid stack with random weights, forward and decode.
+- :mod:`fixedstate.training`: chapter 9's trainable model, its loss, Adam and the sweep.
 - :mod:`fixedstate.blocks`: the parts layers are built from (projections, norms,
-  activations, the short convolution, the MLP, the embedding).
+  activations, the short convolution, the MLP, the embedding), the gate forms, and the
+  pre-norm residual block every stack repeats.
+- :mod:`fixedstate.mixers`: the one table of token mixers (``MIXERS``, keyed by
+  :mod:`fixedstate.layer_ids`), each a forward, backward and step over a core.
 - :mod:`fixedstate.layers`: the layers as they ship (Gated DeltaNet as in Qwen3-Next,
   KDA as in Kimi Linear, the Mamba and Mamba-2 blocks), prefill and decode step.
 - :mod:`fixedstate.figures`: interactive figures that work with and without a kernel

@@ -24,6 +24,7 @@ __all__ = [
     "float_dtype",
     "check_log_gate",
     "check_real_number",
+    "as_generator",
     "Arg",
     "prepare_layer_args",
 ]
@@ -201,6 +202,23 @@ def check_log_gate(x, name: str = "log_gate") -> np.ndarray:
             raise ValueError(f"{name}: expected log-decays <= 0 (the decay is exp({name}), at most 1), "
                              f"got {float(x[x > 0].ravel()[0])!r}")
     return x
+
+
+def as_generator(rng, name: str = "rng", *, default_seed: int | None = None) -> np.random.Generator:
+    """``rng`` as a numpy ``Generator``: a ``Generator`` itself, or a fresh one seeded with an integer ``rng``.
+
+    With ``default_seed``, ``None`` is allowed too and means ``np.random.default_rng(default_seed)``;
+    anything else raises ``ValueError`` naming ``name``.
+    """
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, numbers.Integral) and not isinstance(rng, bool):
+        return np.random.default_rng(int(rng))
+    if rng is None and default_seed is not None:
+        return np.random.default_rng(default_seed)
+    allowed = "a numpy Generator, an integer seed or None" if default_seed is not None else \
+        "a numpy Generator or an integer seed"
+    raise ValueError(f"{name}: expected {allowed}, got {_describe(rng)}")
 
 
 def check_real_number(value, name: str) -> float:

@@ -51,7 +51,7 @@ __all__ = [
     "matmul", "matmul_add", "recording_products",
     "GROUP_BYTES", "RANGE_BYTES", "chunks_per_group",
     "scalar_prep", "kda_prep", "state_pass", "delta_chunks", "delta_step", "delta_scan", "additive_scan",
-    "ssd_state",
+    "ssd_decay_mask", "ssd_state",
     "row_softmax", "softmax_scale", "segment_sums", "scan_pairs",
 ]
 
@@ -181,19 +181,40 @@ def _mark_taker(marks, state):
     return take, states
 
 
-def ssd_state(log_gate, B, V, S):
-    """The state a scalar-decay state-space head leaves after ``T`` tokens, in matrix form (``eq-ssm-ssd-matrix``).
+def ssd_decay_mask(log_gate):
+    """The decay mask of a scalar-decay state-space head, ``eq-ssm-ssd-matrix``: ``(..., T, T)``.
 
-    ``S_T = Gamma_T S_0 + sum_s L[T-1, s] B_s V_s^T`` with ``L[t, s] = exp(sum_{r=s+1}^{t}
-    log_gate_r)`` (:func:`segment_sums`) and ``Gamma_T = exp(sum_r log_gate_r)``: the
-    last row of :func:`fixedstate.ssm.ssd_quadratic`'s decay mask, formed as it forms
-    it. ``log_gate``: (..., T) (``a * delta`` in the chapter's notation); ``B``:
-    (..., T, N); ``V``: (..., T, P) (``delta * x``); ``S``: (..., N, P). Returns (..., N, P).
+    ``L[..., t, s] = exp(sum_{r=s+1}^{t} log_gate_r)`` for ``s <= t`` (:func:`segment_sums`),
+    else 0; ``log_gate``: (..., T) (``a * delta`` in the chapter's notation).
+    :func:`fixedstate.ssm.ssd_mask` checks its arguments and returns this;
+    :func:`fixedstate.ssm.ssd_quadratic` and :func:`fixedstate.ssm.ssd_chunkwise` form
+    their masks with it.
     """
     T = log_gate.shape[-1]
-    last_row = np.where(np.tri(T, dtype=bool), np.exp(segment_sums(log_gate)), 0.0)[..., -1, :]
+    return np.where(np.tri(T, dtype=bool), np.exp(segment_sums(log_gate)), 0.0)
+
+
+def ssd_state(log_gate, B, V, S, *, mask=None):
+    """The state a scalar-decay state-space head leaves after ``T`` tokens, in matrix form (``eq-ssm-ssd-matrix``).
+
+    ``S_T = Gamma_T S_0 + sum_s L[T-1, s] B_s V_s^T`` with ``L`` the decay mask
+    (:func:`ssd_decay_mask`, whose last row is used) and ``Gamma_T = exp(sum_r log_gate_r)``.
+    ``log_gate``: (..., T) (``a * delta`` in the chapter's notation); ``B``: (..., T, N);
+    ``V``: (..., T, P) (``delta * x``); ``S``: (..., N, P), or None for a zero state (the
+    ``Gamma_T S_0`` term is then left out). ``mask``: the mask when the caller has formed it
+    already (:func:`fixedstate.ssm.ssd_quadratic` and :func:`fixedstate.ssm.ssd_chunkwise`
+    have, for their outputs); otherwise it is formed here. Returns (..., N, P).
+
+    The SSD forms of :mod:`fixedstate.ssm` and the recall lab's SSM memory both take
+    their states from this function, so they agree bit for bit.
+    """
+    if mask is None:
+        mask = ssd_decay_mask(log_gate)
+    written = np.swapaxes(B, -1, -2) @ (mask[..., -1, :, None] * V)
+    if S is None:
+        return written
     decay = np.exp(np.cumsum(log_gate, axis=-1))[..., -1]
-    return decay[..., None, None] * S + np.swapaxes(B, -1, -2) @ (last_row[..., :, None] * V)
+    return decay[..., None, None] * S + written
 
 
 # --------------------------------------------------------------------------- the chunk machinery

@@ -55,7 +55,7 @@ import numbers
 import numpy as np
 
 from . import blocks, mixers
-from ._validate import as_float_array, check_positive_int
+from ._validate import as_float_array, as_generator, check_positive_int
 from .layer_ids import GATED_DELTA, KDA
 from .ssm import selective_scan_parallel, selective_scan_step, ssd_chunkwise, ssd_recurrent
 
@@ -254,14 +254,6 @@ def parameter_shapes(config) -> dict[str, tuple]:
                      f"got {type(config).__name__}")
 
 
-def _rng(rng):
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if isinstance(rng, numbers.Integral) and not isinstance(rng, bool):
-        return np.random.default_rng(rng)
-    raise ValueError(f"rng: expected a numpy Generator or an integer seed, got {type(rng).__name__}")
-
-
 def _dtype(dtype):
     dt = np.dtype(dtype) if dtype in (np.float32, np.float64, "float32", "float64") else None
     if dt is None:
@@ -271,7 +263,7 @@ def _dtype(dtype):
 
 def _init(config, rng, dtype, special):
     """Random weights: matrices ~ N(0, 1/d_in), convolution taps ~ N(0, 1/K), then ``special``."""
-    rng, dt = _rng(rng), _dtype(dtype)
+    rng, dt = as_generator(rng), _dtype(dtype)
     params = {"config": config}
     for name, shape in parameter_shapes(config).items():
         if name in special:
@@ -297,7 +289,7 @@ def init_gated_deltanet(config, rng, *, dtype=np.float64) -> dict:
     matrices are Gaussian with variance ``1/d_in``.
     """
     _check_config(config, GatedDeltaNetConfig)
-    rng = _rng(rng)
+    rng = as_generator(rng)
     return _init(config, rng, dtype, {
         "A_log": lambda s: np.log(rng.uniform(1.0, 16.0, size=s)),
         "dt_bias": lambda s: _inverse_softplus_of_uniform_log(rng, s),
@@ -307,7 +299,7 @@ def init_gated_deltanet(config, rng, *, dtype=np.float64) -> dict:
 def init_kda(config, rng, *, dtype=np.float64) -> dict:
     """Random parameters of a KDA layer, initialised as :func:`init_gated_deltanet` (``dt_bias`` per channel)."""
     _check_config(config, KDAConfig)
-    rng = _rng(rng)
+    rng = as_generator(rng)
     return _init(config, rng, dtype, {
         "A_log": lambda s: np.log(rng.uniform(1.0, 16.0, size=s)),
         "dt_bias": lambda s: _inverse_softplus_of_uniform_log(rng, s),
@@ -317,7 +309,7 @@ def init_kda(config, rng, *, dtype=np.float64) -> dict:
 def init_mamba(config, rng, *, dtype=np.float64) -> dict:
     """Random parameters of a Mamba block: S4D-real ``A = -(1, ..., N)`` per channel, ``D = 1``, Mamba's ``dt`` init."""
     _check_config(config, MambaConfig)
-    rng = _rng(rng)
+    rng = as_generator(rng)
     return _init(config, rng, dtype, {
         "A_log": lambda s: np.log(np.broadcast_to(np.arange(1, s[1] + 1, dtype=float), s)),
         "D": np.ones,
@@ -328,7 +320,7 @@ def init_mamba(config, rng, *, dtype=np.float64) -> dict:
 def init_mamba2(config, rng, *, dtype=np.float64) -> dict:
     """Random parameters of a Mamba-2 block: ``A = -(1, ..., H)`` over the heads, ``D = 1``, Mamba's ``dt`` init."""
     _check_config(config, Mamba2Config)
-    rng = _rng(rng)
+    rng = as_generator(rng)
     return _init(config, rng, dtype, {
         "A_log": lambda s: np.log(np.arange(1, s[0] + 1, dtype=float)),
         "D": np.ones,

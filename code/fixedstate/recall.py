@@ -41,10 +41,8 @@ Contents:
 - :func:`no_retrieval_accuracy`, :func:`no_retrieval_score`: what MQAR gives away
   without retrieval, the accuracy of the best predictor that never links a key to
   its value (``eq-tr-no-retrieval``), exactly over the task's draws or on a batch.
-- :func:`lab_n_values`, :func:`lab_update` (:func:`lab_experiment` and
-  :func:`lab_curves`): what the chapter's sliders recompute
-  (drawn by :mod:`fixedstate.figures.recall`, timed by
-  :func:`fixedstate.timing.time_lab_update`).
+
+The chapter's lab, what one slider move recomputes, is :mod:`fixedstate.recall_lab`.
 
 Decays: the public parameter ``gate`` is the decay ``g`` in ``(0, 1]`` that the
 chapter's sliders show; the cores take log-decays, so every call passes
@@ -61,7 +59,7 @@ from functools import lru_cache
 import numpy as np
 
 from ._threads import blas_threads
-from ._validate import as_float_array, check_dim, check_interval, check_positive_int, check_same_length
+from ._validate import as_float_array, as_generator, check_dim, check_interval, check_positive_int, check_same_length
 from .blocks import embedding
 from .delta_rule import delta_rule_recurrent, gated_delta_rule_recurrent
 from .linear_attention import identity_feature_map, linear_attention_recurrent
@@ -92,10 +90,6 @@ __all__ = [
     "no_retrieval_score",
     "no_retrieval_se",
     "vocabulary_recall",
-    "lab_n_values",
-    "lab_experiment",
-    "lab_curves",
-    "lab_update",
 ]
 
 MECHANISMS = (SOFTMAX, LINEAR, DELTA, GATED_DELTA, SSM)
@@ -107,16 +101,6 @@ FIXED_STATE = (LINEAR, DELTA, GATED_DELTA, SSM)
 # ----------------------------------------------------------------------------
 # argument checks
 # ----------------------------------------------------------------------------
-
-def _rng(rng):
-    if rng is None:
-        return np.random.default_rng(0)
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if isinstance(rng, numbers.Integral) and not isinstance(rng, bool):
-        return np.random.default_rng(int(rng))
-    raise ValueError(f"rng: expected a numpy Generator, an integer seed or None, got {type(rng).__name__} {rng!r}")
-
 
 def _mechanism(mechanism) -> str:
     return check_layer_id(mechanism, MECHANISMS, "mechanism")
@@ -194,7 +178,7 @@ def make_keys(n_pairs, d_k, *, overlap=0.0, orthogonal=False, rng=None) -> np.nd
     rho = _overlap(overlap)
     if not isinstance(orthogonal, (bool, np.bool_)):
         raise ValueError(f"orthogonal: expected True or False, got {orthogonal!r}")
-    rng = _rng(rng)
+    rng = as_generator(rng, default_seed=0)
     if orthogonal:
         if n > d:
             raise ValueError(f"n_pairs: asked for distinct orthogonal keys, but at most d_k = {d} "
@@ -238,7 +222,7 @@ def make_values(n_pairs, d_v, *, orthogonal=False, rng=None) -> np.ndarray:
     (``orthogonal=True``, needs ``n_pairs <= d_v``)."""
     n = check_positive_int(n_pairs, "n_pairs")
     d = check_positive_int(d_v, "d_v")
-    rng = _rng(rng)
+    rng = as_generator(rng, default_seed=0)
     if orthogonal:
         if n > d:
             raise ValueError(f"n_pairs: asked for orthonormal values, but at most d_v = {d} exist, "
@@ -738,7 +722,7 @@ def make_mqar(n_sequences, vocab_size, n_pairs, seq_len, *, n_queries=None, rng=
     if t_len < 2 * n + 2 * m:
         raise ValueError(f"seq_len: expected at least 2 * n_pairs + 2 * n_queries = {2 * n + 2 * m}, "
                          f"got {t_len}")
-    rng = _rng(rng)
+    rng = as_generator(rng, default_seed=0)
     key_tokens = np.arange(1, 1 + n_keys)
     value_tokens = np.arange(1 + n_keys, vocab)
     tokens = np.zeros((b, t_len), dtype=np.int64)
@@ -802,7 +786,7 @@ def mqar_answers(mechanism, batch: MQARBatch, *, d_k, d_v=None, temperature=0.01
     d_v = d_k if d_v is None else check_positive_int(d_v, "d_v")
     temperature, beta, gate = _params(temperature, beta, gate)
     tokens = _tokens(batch.tokens, batch.vocab_size)
-    rng = _rng(rng)
+    rng = as_generator(rng, default_seed=0)
     emb_k = np.zeros((batch.vocab_size, d_k))
     emb_k[batch.key_tokens] = _random_unit(rng, (batch.key_tokens.size, d_k))
     emb_v = np.zeros((batch.vocab_size, d_v))
@@ -1012,67 +996,3 @@ def no_retrieval_se(batch: MQARBatch) -> float:
     per_sequence = np.nanmean(q, axis=1)
     tie_var = np.nansum(q * (1 - q), axis=1) / asked.sum(axis=1) ** 2
     return float(np.sqrt((np.var(per_sequence, ddof=1) + tie_var.mean()) / len(per_sequence)))
-
-
-# ----------------------------------------------------------------------------
-# the lab: what one slider move recomputes (drawn by fixedstate.figures.recall)
-# ----------------------------------------------------------------------------
-
-def lab_n_values(d_k, max_ratio=4) -> np.ndarray:
-    """The numbers of pairs on the lab's capacity axis: 12 points from ``N = 1`` to ``max_ratio * d_k``."""
-    d_k = check_positive_int(d_k, "d_k")
-    max_ratio = check_positive_int(max_ratio, "max_ratio")
-    return np.unique(np.round(np.geomspace(1, max_ratio * d_k, 12)).astype(int))
-
-
-def lab_experiment(mechanism, n_pairs, d_k, overlap, *, d_v=None, seed=0, temperature=0.01, beta=1.0,
-                   gate=0.9) -> RecallResult:
-    """The lab's one experiment, the first half of :func:`lab_update`.
-
-    ``n_pairs`` random unit keys of width ``d_k`` with overlap ``overlap``
-    (:func:`make_keys`) and random unit values of width ``d_v`` (default
-    ``d_k``), drawn from ``np.random.default_rng(seed)``, written and read back
-    by :func:`recall_pairs`. Returns its :class:`RecallResult`.
-    """
-    mechanism = _mechanism(mechanism)
-    n = check_positive_int(n_pairs, "n_pairs")
-    d_k = check_positive_int(d_k, "d_k")
-    d_v = d_k if d_v is None else check_positive_int(d_v, "d_v")
-    rng = np.random.default_rng(seed)
-    keys = make_keys(n, d_k, overlap=overlap, rng=rng)
-    values = make_values(n, d_v, rng=rng)
-    return recall_pairs(mechanism, keys, values, temperature=temperature, beta=beta, gate=gate)
-
-
-def lab_curves(d_k, overlap, *, d_v=None, seed=0, n_seeds=8, temperature=0.01, beta=1.0,
-               gate=0.9) -> CapacityCurve:
-    """The lab's capacity curves, the second half of :func:`lab_update`.
-
-    Every mechanism's :func:`capacity_curve` over :func:`lab_n_values` (``n_seeds``
-    seeds, values of width ``d_v``, default ``d_k``). They do not depend on the
-    mechanism or the number of pairs of the experiment.
-    """
-    d_k = check_positive_int(d_k, "d_k")
-    d_v = d_k if d_v is None else check_positive_int(d_v, "d_v")
-    return capacity_curve(d_k, lab_n_values(d_k), d_v=d_v, overlap=overlap, n_seeds=n_seeds, seed=seed,
-                          temperature=temperature, beta=beta, gate=gate)
-
-
-def lab_update(mechanism, n_pairs, d_k, overlap, *, d_v=None, seed=0, n_seeds=8, temperature=0.01,
-               beta=1.0, gate=0.9):
-    """Everything the lab recomputes when a slider moves.
-
-    One experiment (:func:`lab_experiment`: :func:`recall_pairs` through the
-    package's layers) with ``n_pairs`` random unit keys of width ``d_k`` and
-    overlap ``overlap`` and random unit values of width ``d_v`` (default ``d_k``;
-    the state is ``d_k x d_v``), and the capacity curves of every mechanism
-    (:func:`lab_curves`: :func:`capacity_curve` over :func:`lab_n_values`,
-    ``n_seeds`` seeds, same ``d_v``).
-
-    Returns ``(result, curve)``: a :class:`RecallResult` and a :class:`CapacityCurve`.
-    """
-    result = lab_experiment(mechanism, n_pairs, d_k, overlap, d_v=d_v, seed=seed, temperature=temperature,
-                            beta=beta, gate=gate)
-    curve = lab_curves(d_k, overlap, d_v=d_v, seed=seed, n_seeds=n_seeds, temperature=temperature, beta=beta,
-                       gate=gate)
-    return result, curve

@@ -67,10 +67,7 @@ from ._grad import sum_to, time_major
 from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_dim, check_positive_int,
                         float_dtype)
 from .blocks import softplus
-# The chapter-4 counters moved to fixedstate.costs; imported here only until chapter 4, its solutions and
-# checks.ssm call them as costs.* (files outside the model-vocabulary change). Not in __all__.
-from .costs import s4_fft_conv_flops, selective_scan_flops, ssm_decode_flops, ssm_state_bytes  # noqa: F401
-from .kernels import scan_pairs, segment_sums
+from .kernels import scan_pairs, ssd_decay_mask, ssd_state
 
 __all__ = [
     "discretize_zoh",
@@ -680,8 +677,7 @@ def ssd_mask(delta, a):
     broadcast_leading(("delta", dt, 1), ("a", aa, 0))
     dtype = float_dtype(delta, a)
     log_gate = aa.astype(dtype)[..., None] * dt.astype(dtype, copy=False)      # gamma_r = log g_r = a delta_r
-    T = dt.shape[-1]
-    return np.where(np.tri(T, dtype=bool), np.exp(segment_sums(log_gate)), 0.0)
+    return ssd_decay_mask(log_gate)
 
 
 def ssd_quadratic(x, delta, a, B, C, *, D=None, initial_state=None):
@@ -698,13 +694,11 @@ def ssd_quadratic(x, delta, a, B, C, *, D=None, initial_state=None):
     """
     x, delta, a, B, C, D, S0 = _ssd_args(x, delta, a, B, C, D, initial_state)
     log_gate = a[..., None] * delta                                       # gamma_t = log g_t, (..., T)
-    L = np.where(np.tri(x.shape[-2], dtype=bool), np.exp(segment_sums(log_gate)), 0.0)
+    L = ssd_decay_mask(log_gate)
     V = delta[..., None] * x                                              # values delta_s x_s
-    Bt = np.swapaxes(B, -1, -2)
     decay_in = np.exp(np.cumsum(log_gate, axis=-1))                       # Gamma_t
-    y = (L * (C @ Bt)) @ V + decay_in[..., None] * (C @ S0) + D[..., None, None] * x
-    S = decay_in[..., -1, None, None] * S0 + Bt @ (L[..., -1, :, None] * V)
-    return y, S
+    y = (L * (C @ np.swapaxes(B, -1, -2))) @ V + decay_in[..., None] * (C @ S0) + D[..., None, None] * x
+    return y, ssd_state(log_gate, B, V, S0, mask=L)                       # Gamma_{T-1} S0 + sum_s L[T-1, s] B_s V_s^T
 
 
 def ssd_chunk(x, delta, a, B, C, *, D=None, initial_state=None):
@@ -789,14 +783,14 @@ def ssd_chunkwise(x, delta, a, B, C, *, D=None, initial_state=None, chunk_size=6
     V = chunks(delta[..., None] * x, (P,))                         # values v_s = delta_s x_s
     Bc, Cc = chunks(B, (N,)), chunks(C, (N,))
     # 1. intra-chunk, quadratic
-    L = np.where(np.tri(Q, dtype=bool), np.exp(segment_sums(log_gate)), 0.0).astype(dtype, copy=False)
+    L = ssd_decay_mask(log_gate).astype(dtype, copy=False)
     y = (L * (Cc @ np.swapaxes(Bc, -1, -2))) @ V                    # (..., n, Q, P)
     # 2. chunk states from zero: s_c = B^T (L[-1, :] o V)
-    local = np.swapaxes(Bc, -1, -2) @ (L[..., -1, :, None] * V)    # (..., n, N, P)
+    local = ssd_state(log_gate, Bc, V, None, mask=L)                # (..., n, N, P)
     # 3. inter-chunk scalar recurrence over [S_in, s_0, ..., s_{n-1}]
     Gamma = np.exp(np.cumsum(log_gate, axis=-1))                    # Gamma_t inside each chunk, (..., n, Q)
     chunk_log = np.concatenate([np.zeros(lead + (1,), dtype=dtype), np.sum(log_gate, axis=-1)], axis=-1)
-    W = np.where(np.tri(n + 1, dtype=bool), np.exp(segment_sums(chunk_log)), 0.0).astype(dtype, copy=False)
+    W = ssd_decay_mask(chunk_log).astype(dtype, copy=False)
     stacked = np.concatenate([S0[..., None, :, :], local], axis=-3).reshape(lead + (n + 1, N * P))
     states = (W @ stacked).reshape(lead + (n + 1, N, P))            # states[c] = S after chunk c - 1
     # 4. state to output: Gamma_t S_{c-1}^T C_t

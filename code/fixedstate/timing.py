@@ -46,7 +46,7 @@ from .costs import delta_rule_chunkwise_flops
 from .toy_stack import stack_decode_step, synthetic_cache
 from .kernels import matmul_add, recording_products
 from .layer_ids import DELTA, GATED_DELTA, KDA, check_layer_id
-from .recall import lab_update
+from . import recall_lab
 
 __all__ = ["best_time", "random_layer_inputs", "time_forms", "gemm_rate", "products_replay", "chunkwise_table",
            "format_chunkwise_table", "time_lab_update", "measure_decode_seconds"]
@@ -361,14 +361,14 @@ def format_chunkwise_table(table) -> str:
 
 
 def time_lab_update(d_k, *, n_pairs=None, mechanism="gated_delta", overlap=0.3, repeats=5) -> float:
-    """Wall-clock seconds of one :func:`fixedstate.recall.lab_update` (no drawing) at key width ``d_k``.
+    """Wall-clock seconds of one :func:`fixedstate.recall_lab.update` (no drawing) at key width ``d_k``.
 
     The fastest of ``repeats`` runs (:func:`best_time`). ``n_pairs`` defaults to
     ``2 * d_k``.
     """
     d_k = check_positive_int(d_k, "d_k")
     n = 2 * d_k if n_pairs is None else check_positive_int(n_pairs, "n_pairs")
-    return best_time(lab_update, mechanism, n, d_k, overlap, repeats=repeats)
+    return best_time(recall_lab.update, mechanism, n, d_k, overlap, repeats=repeats)
 
 
 def measure_decode_seconds(params: dict, context_lengths, *, n_steps: int = 5, seed: int = 0) -> np.ndarray:

@@ -74,6 +74,7 @@ __all__ = [
     "SWEEP",
     "SSD_FOLLOWUP",
     "run_config",
+    "choose_lr",
     "run_sweep",
 ]
 
@@ -574,8 +575,11 @@ def _run_task(task):
     return run_config(*task)
 
 
-def _choose_lr(records) -> float:
-    """The tuning rule: highest test accuracy, then lowest final loss; diverged runs last."""
+def choose_lr(records) -> float:
+    """The sweep's tuning rule: the ``lr`` of the best of ``records`` (run records of one mixer).
+
+    Best means highest test accuracy, then lowest final loss; diverged runs come last.
+    """
     def key(r):
         if r["diverged"]:
             return (1, 0.0, 0.0)
@@ -624,7 +628,7 @@ def run_sweep(settings=None, *, jobs=1, progress=print) -> dict:
         return out
 
     tuning = run_all(tune_tasks)
-    chosen = {m: _choose_lr([r for r in tuning if r["mixer"] == m]) for m in s["mixers"]}
+    chosen = {m: choose_lr([r for r in tuning if r["mixer"] == m]) for m in s["mixers"]}
     # the most expensive runs first, so that the workers finish together
     main_tasks = [(m, d, n, seed, chosen[m], s) for d in sorted(s["d_models"], reverse=True)
                   for m in s["mixers"] for n in s["n_pairs"] for seed in s["seeds"]]

@@ -74,8 +74,11 @@ def _qkvz_cases():
     return cases
 
 
-def _naive_split(W, c):
-    """The slip: four contiguous blocks [all q | all k | all v | all z] (and transposed)."""
+def contiguous_split(W, c):
+    """The slip :func:`check_split_qkvz` names: four contiguous blocks [all q | all k | all v | all z] (and transposed).
+
+    Not an answer: the check runs it to find the slip it must name, and its tests pass it in.
+    """
     kd, vd = c.n_key_heads * c.d_k, c.n_heads * c.d_v
     cuts = np.cumsum([0, kd, kd, vd, vd])
     return tuple(W[cuts[i]:cuts[i + 1]].T for i in range(4))
@@ -105,7 +108,7 @@ def check_split_qkvz(split_qkvz) -> CheckResult:
                 if g.shape != e.shape:
                     raise Failure(f"on {case}: {name} should have shape {e.shape}, got {g.shape}")
                 if not np.array_equal(g, e):
-                    naive = _naive_split(W, c)[("W_q", "W_k", "W_v", "W_z").index(name)]
+                    naive = contiguous_split(W, c)[("W_q", "W_k", "W_v", "W_z").index(name)]
                     if naive.shape == g.shape and np.array_equal(g, naive):
                         raise Failure(f"on {case}: {name} takes a contiguous block of rows; the rows are laid "
                                       "out key head by key head: for each group, its q rows, k rows, then "

@@ -42,7 +42,7 @@ KV_CROSSOVER = dict(n_kv_heads=8, head_dim=128, kv_bytes=2, d_model=2560, expand
 
 def _answers() -> dict[str, dict]:
     p = KV_CROSSOVER
-    state = ssm.ssm_state_bytes(p["d_model"], 1, p["state_size"], bytes_per_number=p["state_bytes"],
+    state = costs.ssm_state_bytes(p["d_model"], 1, p["state_size"], bytes_per_number=p["state_bytes"],
                                 expand=p["expand"])
     per_token = costs.kv_cache_bytes(1, n_kv_heads=p["n_kv_heads"], head_dim=p["head_dim"],
                                      bytes_per_element=p["kv_bytes"])

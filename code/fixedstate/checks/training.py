@@ -53,7 +53,8 @@ def check_answer(label: str, value) -> CheckResult:
 
 # ------------------------------------------------------------------ ex-tr-first-failure
 
-def _made_up_runs():
+def made_up_runs():
+    """Hand-made sweep records (two mixers, some diverged) on which :func:`check_mean_accuracy` tries an answer."""
     rows = []
     accs = {("a", 8, 4): [0.9, 0.5, 0.7], ("a", 8, 8): [0.2, 0.3, 0.1], ("a", 16, 4): [1.0, 1.0, 0.4],
             ("b", 8, 4): [0.6, 0.6, 0.0]}
@@ -82,7 +83,7 @@ def check_mean_accuracy(mean_accuracy, runs=None) -> CheckResult:
 
     def body():
         cases = [("a", 8, 4), ("a", 8, 8), ("a", 16, 4), ("b", 8, 4)]
-        made_up = _made_up_runs()
+        made_up = made_up_runs()
         for mixer, d, n in cases:
             case = f"the made-up records, mixer {mixer!r}, d_model={d}, n_pairs={n}"
             got = call_student(mean_accuracy, [dict(r) for r in made_up], mixer, d, n, case=case)

@@ -1,8 +1,8 @@
 """The drawing code of chapter {ref}`chap-recall`: the lab and the capacity curves.
 
-What the sliders recompute lives in :mod:`fixedstate.recall`
-(:func:`~fixedstate.recall.lab_update`, that is :func:`~fixedstate.recall.lab_experiment`
-and :func:`~fixedstate.recall.lab_curves`, and :func:`~fixedstate.recall.capacity_curve`);
+What the sliders recompute lives in :mod:`fixedstate.recall_lab`
+(:func:`~fixedstate.recall_lab.update`, that is :func:`~fixedstate.recall_lab.experiment`
+and :func:`~fixedstate.recall_lab.curves`, and :func:`~fixedstate.recall.capacity_curve`);
 this module only draws it. Both figures are updatable (see :mod:`fixedstate.figures`):
 built once, then changed in place as the sliders move.
 """
@@ -14,7 +14,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..recall import MECHANISMS, capacity_curve, lab_curves, lab_experiment, lab_n_values
+from .. import recall_lab
+from ..recall import MECHANISMS, capacity_curve
 from .engine import bar_collection, changing, figure_parts, live_update, new_figure, set_bar_heights
 
 __all__ = ["LAB_MECHANISM_LABELS", "LAB_COLORS", "draw_lab", "draw_capacity"]
@@ -34,12 +35,12 @@ _CURVES_KEPT = 256  # capacity curves kept for a slider that comes back to a val
 
 @lru_cache(maxsize=_CURVES_KEPT)
 def _lab_curves(d_k, overlap, d_v, seed, gate):
-    return lab_curves(d_k, overlap, d_v=d_v, seed=seed, gate=gate)
+    return recall_lab.curves(d_k, overlap, d_v=d_v, seed=seed, gate=gate)
 
 
 @lru_cache(maxsize=_CURVES_KEPT)
 def _capacity_curve(d_k, overlap, seed, n_seeds, gate):
-    return capacity_curve(d_k, lab_n_values(d_k), overlap=overlap, n_seeds=n_seeds, seed=seed, gate=gate)
+    return capacity_curve(d_k, recall_lab.n_values(d_k), overlap=overlap, n_seeds=n_seeds, seed=seed, gate=gate)
 
 
 def _ceiling(value: float, floor: float) -> float:
@@ -65,7 +66,7 @@ def draw_lab(mechanism="delta", n_pairs=8, overlap=0.0, d_v=None, *, d_k=16, see
     not. Right: the capacity curves (accuracy against ``N / d_k``) of every
     mechanism at this overlap and value width, the chosen one drawn bold, with a
     dashed line at the current ``N``. ``gate`` is the decay in (0, 1] of the gated
-    delta rule and the SSM, as in :func:`fixedstate.recall.lab_update`.
+    delta rule and the SSM, as in :func:`fixedstate.recall_lab.update`.
 
     Updatable (see :mod:`fixedstate.figures`): with ``fig``, a figure this
     function built, it updates that figure in place and returns it. **Live
@@ -73,12 +74,12 @@ def draw_lab(mechanism="delta", n_pairs=8, overlap=0.0, d_v=None, *, d_k=16, see
     mechanism reruns one experiment (about a millisecond: the capacity curves do
     not depend on them and are kept, for 256 settings at most); a move of the
     overlap or of ``d_v`` also recomputes the curves
-    (:func:`fixedstate.recall.lab_curves`, the larger part of such an update).
+    (:func:`fixedstate.recall_lab.curves`, the larger part of such an update).
     Only the bars, the curves and the left title are drawn again; ``make
     bench-figures`` measures an update.
     """
     d_v = d_k if d_v is None else d_v
-    result = lab_experiment(mechanism, n_pairs, d_k, overlap, d_v=d_v, seed=seed, gate=gate)
+    result = recall_lab.experiment(mechanism, n_pairs, d_k, overlap, d_v=d_v, seed=seed, gate=gate)
     curve = _lab_curves(d_k, float(overlap), d_v, seed, gate)
     if fig is None:
         fig = _lab_figure()
