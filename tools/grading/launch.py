@@ -92,9 +92,11 @@ def inner(config_path: str) -> None:
             args += ["--ro-bind", name, name]
     # /dev is a tmpfs that bwrap makes writable by the sandbox's uid and sizes at the host's
     # default: read-only, so that a notebook cannot fill memory there (/dev/null still takes writes)
-    args += [*binds, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+    # The private /tmp first, then the read-only trees on top of it: the repository (and so the package
+    # and the virtual environment) may itself live under /tmp, as a CI clone often does.
+    args += ["--bind", str(w / "tmp"), "/tmp", *binds, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
              "--bind", str(w / "home"), f"{BOOK}/home", "--bind", str(w / "exercises"), WORKDIR,
-             "--bind", str(w / "tmp"), "/tmp", "--bind", str(scratch / "ipc"), IPC,
+             "--bind", str(scratch / "ipc"), IPC,
              "--chdir", WORKDIR, "--uid", str(uid), "--gid", str(gid)]
     for key, value in cfg["env"].items():
         args += ["--setenv", key, value]
