@@ -256,11 +256,14 @@ def products_replay(layer, q, k, v, *, chunk_size=64, seed=0, **params):
 
     @_threads.one_blas_thread
     def replay():
-        for kind, a, b, out, keep, sign in steps:
-            if kind == "matmul":
-                np.matmul(a, b, out=out)
-            else:
-                matmul_add(a, b, out, keep, sign)
+        # The replayed values are never read, only timed: accumulated over many replays they may
+        # overflow to inf and nan, which costs a product no more time than a finite value does.
+        with np.errstate(over="ignore", invalid="ignore"):
+            for kind, a, b, out, keep, sign in steps:
+                if kind == "matmul":
+                    np.matmul(a, b, out=out)
+                else:
+                    matmul_add(a, b, out, keep, sign)
 
     replay.steps = steps
     return replay, int(flops)
