@@ -14,10 +14,11 @@ MATHJAX := mathjax@3.2.2
 EXECUTE_TIMEOUT ?= 900
 NOTEBOOKS = $(sort $(wildcard chapters/*.ipynb exercises/*.ipynb solutions/*.ipynb))
 
-.PHONY: pdf student-pdf test-pdf book test lab jupyterlab-test execute bench bench-figures reference-env test-reference student-book student-kit unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
+.PHONY: pdf student-pdf test-pdf book html test lab jupyterlab-test execute bench bench-figures reference-env test-reference student-book student-kit unit nbval nbval-kernel nbval-kernel-run build-check browser-test leak-test assets venv clean help
 
 help:
-	@echo "make book          build the HTML book into _build/html"
+	@echo "make book          build the HTML book into _build/html, with its PDF editions in downloads/ (about 8 min)"
+	@echo "make html          the HTML book alone (about 20 s)"
 	@echo "make test          run the whole test suite (unit tests, nbval, strict build, browser, student edition)"
 	@echo "make test-quick    the inner loop: unit tests (a tenth of the hypothesis examples), nbval on notebooks changed since main"
 	@echo "make lab           open JupyterLab on the book with the package importable (and jupyterlab-myst)"
@@ -55,9 +56,14 @@ $(ASSET_STAMP): Makefile tools/fetch_assets.py
 	touch $(ASSET_STAMP)
 
 # The build also writes downloads/: the wheel of fixedstate and the book kit (tools/sphinx_ext/downloads.py).
-book: $(STAMP) $(ASSET_STAMP)
+# `make book` is the whole site as readers get it: the HTML, then the two PDF editions that its preface
+# and instructor's guide link, written into its downloads/ (about 8 minutes; `make html` is the HTML alone).
+book: pdf student-pdf
+	@echo "The book: $(CURDIR)/_build/html/index.html (downloads, PDFs included: $(CURDIR)/_build/html/downloads)"
+
+html: $(STAMP) $(ASSET_STAMP)
 	$(BIN)/jupyter-book build . --builder html
-	@echo "The book: $(CURDIR)/_build/html/index.html (downloads: $(CURDIR)/_build/html/downloads)"
+	@echo "The HTML book: $(CURDIR)/_build/html/index.html (downloads: $(CURDIR)/_build/html/downloads; the PDFs come with make book)"
 
 student-book: $(STAMP) $(ASSET_STAMP)
 	$(BIN)/python tools/student_toc.py _toc.yml _build/student_toc.yml
@@ -68,7 +74,7 @@ student-book: $(STAMP) $(ASSET_STAMP)
 # contents, bookmarks, page numbers and running headers (tools/pdf.py); a copy goes to the site's
 # downloads/, which the preface and the instructor's guide link. make test-pdf builds and checks both.
 PDF_DIR := _build/pdf
-pdf: book
+pdf: html
 	bash tools/system_deps.sh chromium
 	$(BIN)/python tools/pdf.py _build/html _toc.yml $(PDF_DIR)/fixed-state-sequence-layers.pdf --edition book \
 	  --serve _build/html
