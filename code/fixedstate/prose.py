@@ -25,7 +25,7 @@ import re
 
 import numpy as np
 
-__all__ = ["round_to_format", "glue", "glued", "glue_number", "glue_bound", "below", "max_relative_error", "ROUNDING_LEVEL"]
+__all__ = ["round_to_format", "glue", "glued", "format_as_glued", "glue_number", "glue_bound", "below", "max_relative_error", "ROUNDING_LEVEL"]
 
 #: Errors below this size are rounding-level: state them as bounds, never as digits.
 ROUNDING_LEVEL = 1e-12
@@ -108,7 +108,17 @@ def glued(spec: str) -> str:
     if name not in _GLUED:
         raise ValueError(f"spec: nothing is glued under {name!r} in this kernel yet "
                          f"(run the cells above first); glued: {sorted(_GLUED)}")
-    value = _GLUED[name]
+    return format_as_glued(_GLUED[name], fmt)
+
+
+def format_as_glued(value, fmt: str) -> str:
+    """``value`` as myst-nb's ``{glue:text}`name:fmt``` shows it.
+
+    A type letter for floats (``e f g %``) converts to float first, one for integers
+    (``d`` ...) to int, ``s`` to str; no format is ``str``. :func:`glued` and the
+    site's reading of the notebooks (tools/sphinx_ext/portable_myst.py) both use it,
+    so JupyterLab and the site show the same text.
+    """
     if fmt == "":
         return str(value)
     kind = fmt[-1]

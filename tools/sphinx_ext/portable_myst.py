@@ -38,6 +38,8 @@ import re
 import sys
 from pathlib import Path
 
+from fixedstate.prose import format_as_glued
+
 ROOT = Path(__file__).resolve().parents[2]
 GLUE_MIME = "application/papermill.record/text/plain"
 NOTEBOOK_DIRS = ("chapters", "exercises", "solutions", "appendix")
@@ -223,23 +225,17 @@ def to_portable(markdown: str, *, table, bib, titles, local_labels, equations=No
 
     markdown = BARE_REF.sub(ref, markdown)
 
-    def eq(m):
-        label = m.group(1).strip()
-        if label in local_labels or not equations or label not in equations:
-            return m.group(0)
-        number, name = equations[label]
-        return f"[({number})](../chapters/{name}#{label})"
+    def link(table, text):   # a role to another chapter's equation or statement, as a link to it
+        def sub(m):
+            label = m.group(1).strip()
+            if label in local_labels or not table or label not in table:
+                return m.group(0)
+            shown, file = table[label]
+            return f"[{text.format(shown)}](../chapters/{file}#{label})"
+        return sub
 
-    markdown = EQ_ROLE.sub(eq, markdown)
-
-    def prf(m):
-        label = m.group(1).strip()
-        if label in local_labels or not statements or label not in statements:
-            return m.group(0)
-        name, file = statements[label]
-        return f"[{name}](../chapters/{file}#{label})"
-
-    return PRF_ROLE.sub(prf, markdown)
+    markdown = EQ_ROLE.sub(link(equations, "({})"), markdown)
+    return PRF_ROLE.sub(link(statements, "{}"), markdown)
 
 
 def glued_values(nb: dict) -> dict[str, str]:
@@ -262,16 +258,7 @@ def format_glued(text: str, spec: str) -> str:
         value = ast.literal_eval(text)
     except (SyntaxError, ValueError):
         value = text
-    if fmt == "":
-        return str(value)
-    kind = fmt[-1]
-    if kind == "s":
-        value = str(value)
-    elif kind in "bcdoxX":
-        value = int(value)
-    elif kind in "eEfFgGn%":
-        value = float(value)
-    return format(value, fmt)
+    return format_as_glued(value, fmt)
 
 
 def user_expressions(markdown: str, values: dict[str, str], where: str = "") -> list[dict]:
