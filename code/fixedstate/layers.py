@@ -64,6 +64,7 @@ __all__ = [
     "init_gated_deltanet", "init_kda", "init_mamba", "init_mamba2",
     "gated_deltanet", "gated_deltanet_step", "kda_layer", "kda_layer_step",
     "mamba_block", "mamba_block_step", "mamba2_block", "mamba2_block_step",
+    "INIT_SCHEMES", "INITIALIZER_RANGE", "DT_MIN", "DT_MAX", "DT_FLOOR",
     "empty_cache", "cache_numbers", "parameter_shapes", "split_qwen3_next_projections",
 ]
 
@@ -276,40 +277,132 @@ def _init(config, rng, dtype, special):
     return params
 
 
-def _inverse_softplus_of_uniform_log(rng, shape, low=1e-3, high=0.1):
-    """A step size ``delta`` log-uniform in [low, high], stored as ``softplus^{-1}(delta)`` (Mamba's init)."""
-    return blocks.inverse_softplus(np.exp(rng.uniform(math.log(low), math.log(high), size=shape)))
+def _inverse_softplus_of_uniform_log(rng, shape, low=1e-3, high=0.1, floor=None):
+    """A step size ``delta`` log-uniform in [low, high] (raised to ``floor`` if given), stored as
+    ``softplus^{-1}(delta)``: Mamba's initialisation of ``dt_bias``."""
+    delta = np.exp(rng.uniform(math.log(low), math.log(high), size=shape))
+    if floor is not None:
+        delta = np.maximum(delta, floor)
+    return blocks.inverse_softplus(delta)
 
 
-def init_gated_deltanet(config, rng, *, dtype=np.float64) -> dict:
+#: The initialisation schemes of :func:`init_gated_deltanet`, :func:`init_kda`, :func:`init_mamba`
+#: and :func:`init_mamba2`: the book's own, ``transformers``' ``_init_weights`` (version 5.24), and
+#: the official repositories' (flash-linear-attention for the delta-rule layers, ``mamba_ssm``).
+INIT_SCHEMES = ("book", "transformers", "official")
+
+#: ``initializer_range`` of each layer's configuration in ``transformers`` 5.24 (the standard
+#: deviation of every ``nn.Linear`` weight that ``_init_weights`` draws from a normal law).
+INITIALIZER_RANGE = {"GatedDeltaNetConfig": 0.02, "KDAConfig": 0.02, "MambaConfig": 0.1, "Mamba2Config": 0.1}
+
+#: Mamba's step-size initialisation, as every reference implementation writes it: ``delta``
+#: log-uniform in ``[DT_MIN, DT_MAX]``, floored at ``DT_FLOOR``, stored as its inverse softplus.
+DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 0.1, 1e-4
+
+
+def _check_scheme(scheme):
+    if scheme not in INIT_SCHEMES:
+        raise ValueError(f"scheme: expected one of {', '.join(map(repr, INIT_SCHEMES))}, got {scheme!r}")
+    return scheme
+
+
+def _dt_bias(rng):
+    return lambda s: _inverse_softplus_of_uniform_log(rng, s, DT_MIN, DT_MAX, DT_FLOOR)
+
+
+def _reference_special(config, rng, scheme):
+    """The parameters a reference scheme draws (``scheme`` "transformers" or "official"), by name.
+
+    Every ``nn.Linear`` weight not named here is ``N(0, INITIALIZER_RANGE**2)`` (transformers'
+    ``PreTrainedModel._init_weights``); the convolution of the delta-rule layers too, Mamba's and
+    Mamba-2's is Kaiming-uniform with bound ``1/sqrt(K)`` (``a = sqrt(5)``, fan-in ``K`` for a
+    depthwise filter), their bias zero, and their ``out_proj`` Kaiming-uniform with bound
+    ``1/sqrt(d_inner)``. Norm weights are ones.
+    """
+    c, std = config, INITIALIZER_RANGE[type(config).__name__]
+    normal = lambda s: std * rng.standard_normal(s)                          # noqa: E731
+    special = {name: normal for name, shape in parameter_shapes(c).items() if name.startswith("W_")}
+    special["norm_weight"] = np.ones
+    if isinstance(c, GatedDeltaNetConfig):
+        special["conv_weight"] = normal
+        if scheme == "transformers":          # Qwen3NextPreTrainedModel: dt_bias = 1, A ~ U(0.01, 16)
+            special["dt_bias"] = np.ones
+            special["A_log"] = lambda s: np.log(rng.uniform(0.01, 16.0, size=s))
+        else:                                 # flash-linear-attention's GatedDeltaNet: A ~ U(0, 16), Mamba's dt
+            special["dt_bias"] = _dt_bias(rng)
+            special["A_log"] = lambda s: np.log(rng.uniform(0.0, 16.0, size=s))
+    elif isinstance(c, KDAConfig):            # KimiLinearForgetGate, "following FLA": the same in both
+        special["conv_weight"] = normal
+        special["A_log"] = lambda s: np.log(rng.uniform(1.0, 16.0, size=s))
+        special["dt_bias"] = _dt_bias(rng)
+    else:
+        special.update({"conv_weight": lambda s: rng.uniform(-1.0, 1.0, size=s) / math.sqrt(c.conv_kernel),
+                        "conv_bias": np.zeros, "D": np.ones, "dt_bias": _dt_bias(rng),
+                        "W_out": lambda s: rng.uniform(-1.0, 1.0, size=s) / math.sqrt(s[0])})
+        if isinstance(c, MambaConfig):        # S4D-real A = (1, ..., N) per channel; dt_proj ~ U(+-r^-1/2)
+            special["A_log"] = lambda s: np.log(np.broadcast_to(np.arange(1, s[1] + 1, dtype=float), s))
+            special["W_dt"] = lambda s: rng.uniform(-1.0, 1.0, size=s) / math.sqrt(c.dt_rank)
+        elif scheme == "transformers":        # Mamba2PreTrainedModel: A = (1, ..., H) over the heads
+            special["A_log"] = lambda s: np.log(np.arange(1, s[0] + 1, dtype=float))
+        else:                                 # mamba_ssm's Mamba2: A ~ U(1, 16) (A_init_range)
+            special["A_log"] = lambda s: np.log(rng.uniform(1.0, 16.0, size=s))
+    return special
+
+
+def init_gated_deltanet(config, rng, *, dtype=np.float64, scheme="book") -> dict:
     """Random parameters of a Gated DeltaNet layer (shapes: :func:`parameter_shapes`).
 
-    ``A_log = log(A)`` with ``A`` uniform in [1, 16], ``dt_bias`` the inverse
-    softplus of a step log-uniform in [1e-3, 0.1], ``norm_weight`` ones; the
-    matrices are Gaussian with variance ``1/d_in``.
+    ``scheme="book"``: ``A_log = log(A)`` with ``A`` uniform in [1, 16], ``dt_bias`` the
+    inverse softplus of a step log-uniform in [1e-3, 0.1], ``norm_weight`` ones; the
+    matrices are Gaussian with variance ``1/d_in``. ``scheme="transformers"``
+    (``Qwen3NextPreTrainedModel``): ``dt_bias = 1``, ``A`` uniform in [0.01, 16];
+    ``scheme="official"`` (flash-linear-attention's ``GatedDeltaNet``): ``A`` uniform in
+    [0, 16], ``dt_bias`` the inverse softplus of a step log-uniform in [1e-3, 0.1] floored at
+    1e-4. In both reference schemes the projections and the convolution are ``N(0, 0.02^2)``
+    and ``norm_weight`` ones.
     """
     _check_config(config, GatedDeltaNetConfig)
     rng = as_generator(rng)
+    if _check_scheme(scheme) != "book":
+        return _init(config, rng, dtype, _reference_special(config, rng, scheme))
     return _init(config, rng, dtype, {
         "A_log": lambda s: np.log(rng.uniform(1.0, 16.0, size=s)),
         "dt_bias": lambda s: _inverse_softplus_of_uniform_log(rng, s),
         "norm_weight": np.ones})
 
 
-def init_kda(config, rng, *, dtype=np.float64) -> dict:
-    """Random parameters of a KDA layer, initialised as :func:`init_gated_deltanet` (``dt_bias`` per channel)."""
+def init_kda(config, rng, *, dtype=np.float64, scheme="book") -> dict:
+    """Random parameters of a KDA layer, initialised as :func:`init_gated_deltanet` (``dt_bias`` per channel).
+
+    ``scheme="transformers"`` and ``"official"`` are the same (``KimiLinearForgetGate`` follows
+    flash-linear-attention): ``A`` uniform in [1, 16] per head, ``dt_bias`` per key channel the
+    inverse softplus of a step log-uniform in [1e-3, 0.1] floored at 1e-4, projections and
+    convolution ``N(0, 0.02^2)``, ``norm_weight`` ones.
+    """
     _check_config(config, KDAConfig)
     rng = as_generator(rng)
+    if _check_scheme(scheme) != "book":
+        return _init(config, rng, dtype, _reference_special(config, rng, scheme))
     return _init(config, rng, dtype, {
         "A_log": lambda s: np.log(rng.uniform(1.0, 16.0, size=s)),
         "dt_bias": lambda s: _inverse_softplus_of_uniform_log(rng, s),
         "norm_weight": np.ones})
 
 
-def init_mamba(config, rng, *, dtype=np.float64) -> dict:
-    """Random parameters of a Mamba block: S4D-real ``A = -(1, ..., N)`` per channel, ``D = 1``, Mamba's ``dt`` init."""
+def init_mamba(config, rng, *, dtype=np.float64, scheme="book") -> dict:
+    """Random parameters of a Mamba block: S4D-real ``A = -(1, ..., N)`` per channel, ``D = 1``, Mamba's ``dt`` init.
+
+    ``scheme="transformers"`` and ``"official"`` (``MambaMixer.init_mamba_weights``, as
+    ``mamba_ssm``'s ``Mamba``): the same ``A`` and ``D``; ``W_dt`` uniform in
+    ``[-r^{-1/2}, r^{-1/2}]`` (``r`` = ``dt_rank``); ``dt_bias`` the inverse softplus of a step
+    log-uniform in [1e-3, 0.1] floored at 1e-4; the convolution uniform in ``[-K^{-1/2},
+    K^{-1/2}]`` with a zero bias; ``W_out`` uniform in ``[-d_inner^{-1/2}, d_inner^{-1/2}]``
+    (Kaiming-uniform with ``a = sqrt(5)``); ``W_in``, ``W_x`` ``N(0, 0.1^2)``.
+    """
     _check_config(config, MambaConfig)
     rng = as_generator(rng)
+    if _check_scheme(scheme) != "book":
+        return _init(config, rng, dtype, _reference_special(config, rng, scheme))
     return _init(config, rng, dtype, {
         "A_log": lambda s: np.log(np.broadcast_to(np.arange(1, s[1] + 1, dtype=float), s)),
         "D": np.ones,
@@ -317,10 +410,20 @@ def init_mamba(config, rng, *, dtype=np.float64) -> dict:
         "conv_bias": lambda s: 0.1 * rng.standard_normal(s)})
 
 
-def init_mamba2(config, rng, *, dtype=np.float64) -> dict:
-    """Random parameters of a Mamba-2 block: ``A = -(1, ..., H)`` over the heads, ``D = 1``, Mamba's ``dt`` init."""
+def init_mamba2(config, rng, *, dtype=np.float64, scheme="book") -> dict:
+    """Random parameters of a Mamba-2 block: ``A = -(1, ..., H)`` over the heads, ``D = 1``, Mamba's ``dt`` init.
+
+    ``scheme="transformers"`` (``Mamba2Mixer.init_mamba2_weights``): the same ``A`` and ``D``,
+    ``dt_bias`` the inverse softplus of a step log-uniform in [1e-3, 0.1] floored at 1e-4;
+    ``scheme="official"`` (``mamba_ssm``'s ``Mamba2``, ``A_init_range=(1, 16)``): ``A``
+    uniform in [1, 16] per head instead. In both the convolution is uniform in
+    ``[-K^{-1/2}, K^{-1/2}]`` with a zero bias, ``W_out`` uniform in ``[-d_inner^{-1/2},
+    d_inner^{-1/2}]``, ``W_in`` ``N(0, 0.1^2)``, ``norm_weight`` ones.
+    """
     _check_config(config, Mamba2Config)
     rng = as_generator(rng)
+    if _check_scheme(scheme) != "book":
+        return _init(config, rng, dtype, _reference_special(config, rng, scheme))
     return _init(config, rng, dtype, {
         "A_log": lambda s: np.log(np.arange(1, s[0] + 1, dtype=float)),
         "D": np.ones,
