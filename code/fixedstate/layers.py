@@ -543,11 +543,27 @@ def _check_cache(cache, config, lead, *, required: bool):
     return conv, state
 
 
-def _conv(x, p, conv_state, *, token):
+def _conv(x, p, conv_state, *, token, mask=None):
     """The short convolution then SiLU, from its cache; returns (activations, new cache)."""
-    f = blocks.short_conv_step if token else blocks.short_conv
-    y, conv_state = f(x, p["conv_weight"], initial_state=conv_state, bias=p.get("conv_bias"))
+    if token:
+        y, conv_state = blocks.short_conv_step(x, p["conv_weight"], initial_state=conv_state, bias=p.get("conv_bias"))
+    else:
+        y, conv_state = blocks.short_conv(x, p["conv_weight"], initial_state=conv_state, bias=p.get("conv_bias"),
+                                          mask=mask)
     return blocks.silu(y), conv_state
+
+
+def _masked(x, mask, *, token):
+    """``x`` with its padded tokens zeroed (``mask`` (..., T) booleans, True at real tokens), and the mask."""
+    if mask is None:
+        return x, None
+    if token:
+        raise ValueError("mask: a decode step takes no mask (its token is real), got one")
+    keep = np.asarray(mask)
+    if keep.dtype != bool or keep.shape[-1:] != x.shape[-2:-1]:
+        raise ValueError(f"mask: expected booleans of shape (..., T) with T={x.shape[-2]} (True at real tokens), "
+                         f"got {keep.dtype} of shape {keep.shape}")
+    return np.where(keep[..., None], x, 0.0).astype(x.dtype, copy=False), keep
 
 
 def _heads(x, n, d, *, token):
@@ -581,15 +597,16 @@ def _to_time_last(a, *, token):
 
 # --------------------------------------------------------------------------- Gated DeltaNet
 
-def _gated_deltanet(params, x, cache, *, token):
+def _gated_deltanet(params, x, cache, *, token, mask=None):
     c, p = _check_layer_params(params, GatedDeltaNetConfig)
     x = _check_x(x, c.d_model, token=token)
     lead = x.shape[:x.ndim - (1 if token else 2)]
     conv_state, state = _check_cache(cache, c, lead, required=False)
+    x, mask = _masked(x, mask, token=token)
     kd, vd = c.n_key_heads * c.d_k, c.n_heads * c.d_v
     qkv = np.concatenate([blocks.linear(x, p["W_q"]), blocks.linear(x, p["W_k"]), blocks.linear(x, p["W_v"])],
                          axis=-1)                                                  # (..., T, conv_dim)
-    qkv, conv_state = _conv(qkv, p, conv_state, token=token)
+    qkv, conv_state = _conv(qkv, p, conv_state, token=token, mask=mask)
     group = c.n_heads // c.n_key_heads
     q = blocks.l2_normalize(_heads(qkv[..., :kd], c.n_key_heads, c.d_k, token=token))
     k = blocks.l2_normalize(_heads(qkv[..., kd:2 * kd], c.n_key_heads, c.d_k, token=token))
@@ -604,7 +621,7 @@ def _gated_deltanet(params, x, cache, *, token):
     return y, {"conv": conv_state, "state": state}
 
 
-def gated_deltanet(params, x, *, cache=None):
+def gated_deltanet(params, x, *, cache=None, mask=None):
     """Gated DeltaNet as in Qwen3-Next, over a sequence (prefill) (``eq-sl-gdn``).
 
     ``x`` ``(..., T, d_model)``; ``cache`` None (zeros) or ``{"conv": (..., K-1,
@@ -616,8 +633,14 @@ def gated_deltanet(params, x, *, cache=None):
     ``n_heads // n_key_heads`` consecutive value heads; a gated RMSNorm per
     head with ``silu(z)``; the output projection. Returns ``(y, cache)``, ``y``
     ``(..., T, d_model)``.
+    ``mask`` ``(..., T)`` booleans (True at real tokens) or None: the padded tokens are
+    zeroed before the projections and around the short convolution, as the libraries'
+    padding masks do. With the padding on the left and no cache, each sequence's outputs
+    at its real tokens and its returned cache are those of running it alone
+    (``tests/test_packing.py``); a mask after a cache, or on the right, leaves the
+    returned cache holding padding.
     """
-    return _gated_deltanet(params, x, cache, token=False)
+    return _gated_deltanet(params, x, cache, token=False, mask=mask)
 
 
 def gated_deltanet_step(params, x, cache=None):
@@ -630,15 +653,16 @@ def gated_deltanet_step(params, x, cache=None):
 
 # --------------------------------------------------------------------------- KDA
 
-def _kda(params, x, cache, *, token):
+def _kda(params, x, cache, *, token, mask=None):
     c, p = _check_layer_params(params, KDAConfig)
     x = _check_x(x, c.d_model, token=token)
     lead = x.shape[:x.ndim - (1 if token else 2)]
     conv_state, state = _check_cache(cache, c, lead, required=False)
+    x, mask = _masked(x, mask, token=token)
     kd = c.n_heads * c.d_k
     qkv = np.concatenate([blocks.linear(x, p["W_q"]), blocks.linear(x, p["W_k"]), blocks.linear(x, p["W_v"])],
                          axis=-1)
-    qkv, conv_state = _conv(qkv, p, conv_state, token=token)
+    qkv, conv_state = _conv(qkv, p, conv_state, token=token, mask=mask)
     q = blocks.l2_normalize(_heads(qkv[..., :kd], c.n_heads, c.d_k, token=token))
     k = blocks.l2_normalize(_heads(qkv[..., kd:2 * kd], c.n_heads, c.d_k, token=token))
     v = _heads(qkv[..., 2 * kd:], c.n_heads, c.d_v, token=token)
@@ -653,7 +677,7 @@ def _kda(params, x, cache, *, token):
     return y, {"conv": conv_state, "state": state}
 
 
-def kda_layer(params, x, *, cache=None):
+def kda_layer(params, x, *, cache=None, mask=None):
     """Kimi Delta Attention as in Kimi Linear, over a sequence (prefill) (``eq-sl-kda``).
 
     As :func:`gated_deltanet`, with: as many query/key heads as value heads; a
@@ -663,8 +687,14 @@ def kda_layer(params, x, *, cache=None):
     ``sigmoid(g)`` (``g`` a low-rank projection) after an RMSNorm per head.
     ``cache`` None or ``{"conv": (..., K-1, conv_dim), "state": (..., H, d_k, d_v)}``.
     Returns ``(y, cache)``.
+    ``mask`` ``(..., T)`` booleans (True at real tokens) or None: the padded tokens are
+    zeroed before the projections and around the short convolution, as the libraries'
+    padding masks do. With the padding on the left and no cache, each sequence's outputs
+    at its real tokens and its returned cache are those of running it alone
+    (``tests/test_packing.py``); a mask after a cache, or on the right, leaves the
+    returned cache holding padding.
     """
-    return _kda(params, x, cache, token=False)
+    return _kda(params, x, cache, token=False, mask=mask)
 
 
 def kda_layer_step(params, x, cache=None):
@@ -674,14 +704,15 @@ def kda_layer_step(params, x, cache=None):
 
 # --------------------------------------------------------------------------- Mamba
 
-def _mamba(params, x, cache, *, token):
+def _mamba(params, x, cache, *, token, mask=None):
     c, p = _check_layer_params(params, MambaConfig)
     x = _check_x(x, c.d_model, token=token)
     lead = x.shape[:x.ndim - (1 if token else 2)]
     conv_state, state = _check_cache(cache, c, lead, required=False)
+    x, mask = _masked(x, mask, token=token)
     xz = blocks.linear(x, p["W_in"])
     u, z = xz[..., :c.d_inner], xz[..., c.d_inner:]
-    u, conv_state = _conv(u, p, conv_state, token=token)                      # (..., T, d_inner)
+    u, conv_state = _conv(u, p, conv_state, token=token, mask=mask)                      # (..., T, d_inner)
     dbc = blocks.linear(u, p["W_x"])
     r, N = c.dt_rank, c.d_state
     delta = blocks.softplus(blocks.linear(dbc[..., :r], p["W_dt"], p["dt_bias"]))   # softplus(dt W + bias)
@@ -693,7 +724,7 @@ def _mamba(params, x, cache, *, token):
     return blocks.linear(y, p["W_out"]), {"conv": conv_state, "state": state}
 
 
-def mamba_block(params, x, *, cache=None):
+def mamba_block(params, x, *, cache=None, mask=None):
     """The Mamba (v1) block over a sequence (prefill) (``eq-sl-mamba``).
 
     ``in_proj`` to ``u`` and ``z``; the short convolution (with bias) over ``u``
@@ -702,8 +733,14 @@ def mamba_block(params, x, *, cache=None):
     (:func:`fixedstate.ssm.selective_scan_parallel`) with ``A = -exp(A_log)``
     and the skip ``D``; ``y * silu(z)``; ``out_proj``. ``cache`` None or
     ``{"conv": (..., K-1, d_inner), "state": (..., d_inner, N)}``. Returns ``(y, cache)``.
+    ``mask`` ``(..., T)`` booleans (True at real tokens) or None: the padded tokens are
+    zeroed before the projections and around the short convolution, as the libraries'
+    padding masks do. With the padding on the left and no cache, each sequence's outputs
+    at its real tokens and its returned cache are those of running it alone
+    (``tests/test_packing.py``); a mask after a cache, or on the right, leaves the
+    returned cache holding padding.
     """
-    return _mamba(params, x, cache, token=False)
+    return _mamba(params, x, cache, token=False, mask=mask)
 
 
 def mamba_block_step(params, x, cache=None):
@@ -713,15 +750,16 @@ def mamba_block_step(params, x, cache=None):
 
 # --------------------------------------------------------------------------- Mamba-2
 
-def _mamba2(params, x, cache, *, token):
+def _mamba2(params, x, cache, *, token, mask=None):
     c, p = _check_layer_params(params, Mamba2Config)
     x = _check_x(x, c.d_model, token=token)
     lead = x.shape[:x.ndim - (1 if token else 2)]
     conv_state, state = _check_cache(cache, c, lead, required=False)
+    x, mask = _masked(x, mask, token=token)
     zxbcdt = blocks.linear(x, p["W_in"])
     di, GN = c.d_inner, c.n_groups * c.d_state
     z, xbc, dt = zxbcdt[..., :di], zxbcdt[..., di:di + c.conv_dim], zxbcdt[..., di + c.conv_dim:]
-    xbc, conv_state = _conv(xbc, p, conv_state, token=token)
+    xbc, conv_state = _conv(xbc, p, conv_state, token=token, mask=mask)
     per_group = c.n_heads // c.n_groups
     u = _heads(xbc[..., :di], c.n_heads, c.head_dim, token=token)                     # (..., H, T, P)
     B, C = (np.repeat(_heads(m, c.n_groups, c.d_state, token=token), per_group, axis=-2 if token else -3)
@@ -741,7 +779,7 @@ def _mamba2(params, x, cache, *, token):
     return blocks.linear(y, p["W_out"]), {"conv": conv_state, "state": state}
 
 
-def mamba2_block(params, x, *, cache=None):
+def mamba2_block(params, x, *, cache=None, mask=None):
     """The Mamba-2 block over a sequence (prefill) (``eq-sl-mamba2``).
 
     ``in_proj`` to ``z``, ``xBC`` and the step ``dt`` (one per head); the short
@@ -753,8 +791,14 @@ def mamba2_block(params, x, *, cache=None):
     ``rms_norm(y * silu(z))`` per group of channels; ``out_proj``. ``cache``
     None or ``{"conv": (..., K-1, conv_dim), "state": (..., H, N, P)}``.
     Returns ``(y, cache)``.
+    ``mask`` ``(..., T)`` booleans (True at real tokens) or None: the padded tokens are
+    zeroed before the projections and around the short convolution, as the libraries'
+    padding masks do. With the padding on the left and no cache, each sequence's outputs
+    at its real tokens and its returned cache are those of running it alone
+    (``tests/test_packing.py``); a mask after a cache, or on the right, leaves the
+    returned cache holding padding.
     """
-    return _mamba2(params, x, cache, token=False)
+    return _mamba2(params, x, cache, token=False, mask=mask)
 
 
 def mamba2_block_step(params, x, cache=None):
