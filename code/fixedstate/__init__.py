@@ -29,6 +29,8 @@ One module per idea, named after the chapter that explains it:
   KDA as in Kimi Linear, the Mamba and Mamba-2 blocks), prefill and decode step.
 - :mod:`fixedstate.packing`: packed sequences (``cu_seqlens``) for the fixed-state cores
   and the short convolution, recurrent and chunkwise, the state reset at each start.
+- :mod:`fixedstate.serving`: serving a layer: rollback after rejected speculative tokens,
+  and a layer's heads split over devices for tensor parallelism.
 - :mod:`fixedstate.figures`: interactive figures that work with and without a kernel
   (the drawing engine, ``fixedstate.figures.engine``), and each chapter's drawing code
   (``fixedstate.figures.delta_rule``, ...).
