@@ -1,7 +1,7 @@
 """Low precision as the fused kernels run the layers: bfloat16 storage, float32 arithmetic and state.
 
 Chapter {ref}`chap-shipped-layers`. A trained model stores its weights and activations
-in bfloat16 (8 bits of significand: a relative spacing of ``2^-8``); the fused kernels of
+in bfloat16 (8 significant bits: a rounding error of up to ``2^-8`` of the value); the fused kernels of
 the delta-rule family and of Mamba-2 read them, compute in float32, keep the recurrent
 state in float32, and compute the gates' log-decays in float32 (``transformers``'
 ``-A_log.float().exp() * softplus(a.float() + dt_bias)``). numpy has no bfloat16; the
