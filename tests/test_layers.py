@@ -534,3 +534,19 @@ def test_init_mamba2_as_transformers_and_as_mamba_ssm():
     q = L.init_mamba2(c, 4, scheme="official")                                    # mamba_ssm: A ~ U(1, 16)
     A = np.exp(q["A_log"])
     assert np.all((A >= 1) & (A <= 16)) and stats.kstest((A - 1) / 15, "uniform").pvalue > KS_P
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_initial_decay_is_the_gate_at_a_zero_projection(name):
+    p = small_params(name)
+    c = p["config"]
+    g0 = L.initial_decay(p)
+    if name == "mamba":
+        assert np.allclose(np.log(g0), -np.exp(p["A_log"]) * bl.softplus(p["dt_bias"])[:, None], rtol=1e-14)
+    else:
+        zero = np.zeros(p["dt_bias"].shape)
+        A_log = np.repeat(p["A_log"], c.d_k) if name == "kda" else p["A_log"]
+        assert np.allclose(np.log(g0), bl.softplus_log_gate(zero, A_log, p["dt_bias"]), rtol=1e-14)
+    assert np.all((g0 > 0) & (g0 < 1))
+    with pytest.raises(ValueError, match="params"):
+        L.initial_decay({"config": None})

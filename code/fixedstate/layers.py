@@ -61,7 +61,7 @@ from .ssm import selective_scan_parallel, selective_scan_step, ssd_chunkwise, ss
 
 __all__ = [
     "GatedDeltaNetConfig", "KDAConfig", "MambaConfig", "Mamba2Config",
-    "init_gated_deltanet", "init_kda", "init_mamba", "init_mamba2",
+    "init_gated_deltanet", "init_kda", "init_mamba", "init_mamba2", "initial_decay",
     "gated_deltanet", "gated_deltanet_step", "kda_layer", "kda_layer_step",
     "mamba_block", "mamba_block_step", "mamba2_block", "mamba2_block_step",
     "INIT_SCHEMES", "INITIALIZER_RANGE", "DT_MIN", "DT_MAX", "DT_FLOOR",
@@ -430,6 +430,25 @@ def init_mamba2(config, rng, *, dtype=np.float64, scheme="book") -> dict:
         "dt_bias": lambda s: _inverse_softplus_of_uniform_log(rng, s),
         "conv_bias": lambda s: 0.1 * rng.standard_normal(s),
         "norm_weight": np.ones})
+
+
+def initial_decay(params) -> np.ndarray:
+    """The decay per token a layer starts with where its gate's projection is zero (``eq-sl-gate``).
+
+    ``g_0 = exp(-exp(A_log) softplus(dt_bias))``: per value head for Gated DeltaNet and
+    Mamba-2 ``(H,)``, per key channel for KDA ``(H d_k,)``, per channel and state index
+    for Mamba ``(d_inner, N)``. The initialisation schemes of ``init_*`` differ in it.
+    """
+    config = params.get("config") if isinstance(params, dict) else None
+    if not isinstance(config, _CONFIGS):
+        raise ValueError(f"params: expected a layer's params dict (from init_*), got {type(params).__name__}")
+    c, p = _check_layer_params(params, type(config))
+    A, delta = np.exp(p["A_log"]), blocks.softplus(p["dt_bias"])
+    if isinstance(c, MambaConfig):
+        return np.exp(-delta[:, None] * A)
+    if isinstance(c, KDAConfig):
+        return np.exp(-np.repeat(A, c.d_k) * delta)
+    return np.exp(-A * delta)
 
 
 def _check_layer_params(params, kind):
