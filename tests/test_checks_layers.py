@@ -110,3 +110,81 @@ def test_mamba2_check_refuses_a_step_that_changes_the_cache_in_place():
 
     result = ch.check_mamba2_step(in_place)
     assert not result.passed and "in place" in result.message
+
+
+# --- starting a gate at a chosen decay, packed sequences, rollback --------------------------
+
+from fixedstate import delta_rule as dr  # noqa: E402
+from fixedstate import serving  # noqa: E402
+
+
+def _dt_bias_for(decay, A_log):
+    delta = -np.log(decay) / np.exp(A_log)
+    return delta + np.log(-np.expm1(-delta))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("wrong, words", [
+    (lambda d, a: np.log(np.expm1(-np.log(d) / np.exp(a))), "overflows"),
+    (lambda d, a: _dt_bias_for(d, np.zeros_like(a)), "divided by -a"),
+    (lambda d, a: np.log(-np.log(d) / np.exp(a)), "invert the softplus"),
+    (lambda d, a: bl.inverse_softplus(-np.log(d) / np.exp(a)), "inverse_softplus"),
+    (lambda d, a: _dt_bias_for(d, a) + 1e-3, "softplus(dt_bias) should be"),
+])
+def test_dt_bias_check_passes_the_solution_and_names_the_slips(wrong, words):
+    assert ch.check_dt_bias_for(_dt_bias_for).passed
+    result = ch.check_dt_bias_for(wrong)
+    assert not result.passed and words in result.message, result.message
+    np.testing.assert_allclose(np.exp(-np.exp(0.7) * bl.softplus(_dt_bias_for(np.array([0.3]), np.array([0.7])))),
+                               0.3, rtol=1e-14)
+
+
+def _packed_decode(q, k, v, beta, log_gate, cu, *, reset=True, late=False):
+    starts, ends = set(cu[:-1].tolist()), set(cu[1:].tolist())
+    state, outs, finals = None, [], []
+    for t in range(q.shape[-2]):
+        if reset and (t - late) in starts:
+            state = None
+        o, state = dr.gated_delta_rule_step(q[..., t, :], k[..., t, :], v[..., t, :], beta=beta[..., t],
+                                            log_gate=log_gate[..., t], initial_state=state)
+        outs.append(o)
+        if t + 1 in ends:
+            finals.append(state)
+    return np.stack(outs, axis=-2), np.stack(finals)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda *a: _packed_decode(*a, reset=False), "one long sequence"),
+    (lambda *a: _packed_decode(*a, late=True), "differ first at packed token"),
+    (lambda *a: (_packed_decode(*a)[0], _packed_decode(*a)[1][::-1]), "final states"),
+    (lambda *a: (_packed_decode(*a)[0], _packed_decode(*a)[1][-1]), "final_states should have shape"),
+])
+def test_packed_check_passes_the_solution_and_names_the_slips(wrong, words):
+    assert ch.check_packed_decode(_packed_decode).passed
+    result = ch.check_packed_decode(wrong)
+    assert not result.passed and words in result.message, result.message
+
+
+def _draft_rollback(params, cache, x, j, *, live=False, conv_live=False):
+    K1 = params["config"].conv_kernel - 1
+    states, rows, ys = [cache["state"]], [cache["conv"]], []
+    for x_t in x:
+        y, cache = fl.gated_deltanet_step(params, x_t, cache)
+        ys.append(y)
+        states.append(cache["state"])
+        rows.append(cache["conv"][-1:])
+    window = np.concatenate(rows)
+    if live:
+        return np.stack(ys), cache
+    return np.stack(ys), {"conv": cache["conv"] if conv_live else window[j:j + K1], "state": states[j]}
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda *a: _draft_rollback(*a, live=True), "after all the drafted tokens"),
+    (lambda *a: _draft_rollback(*a, conv_live=True), "cache['conv']"),
+    (lambda p, c, x, j: serving.rollback(p, serving.verify_draft(p, x, c)[1], j), "serving"),
+])
+def test_rollback_check_passes_the_solution_and_names_the_slips(wrong, words):
+    assert ch.check_draft_rollback(_draft_rollback).passed
+    result = ch.check_draft_rollback(wrong)
+    assert not result.passed and words in result.message, result.message

@@ -436,3 +436,117 @@ def test_qwen3_next_projections_are_unscrambled_group_by_group():
         assert np.array_equal(out[name], want), name
     with pytest.raises(ValueError, match="in_proj_qkvz"):
         L.split_qwen3_next_projections(W[:-1], Wba, c)
+
+
+# ----------------------------------------------------------------------------- reference initialisations
+# The laws of transformers 5.24's _init_weights and of the official repositories, checked by their stated
+# properties (supports, deterministic values, Kolmogorov-Smirnov against the stated law); the comparison
+# with transformers itself is tools/reference/compare_init.py, run in .venv-reference.
+
+from scipy import stats  # noqa: E402
+
+KS_P = 1e-4           # a wrong law of these sizes gives p far below this; the right one fails it once in 10^4
+
+
+def _wide(name):
+    return {"gdn": L.GatedDeltaNetConfig(64, 512, 32, 8, 4), "kda": L.KDAConfig(64, 256, 4, 4),
+            "mamba": L.MambaConfig(128, 512, 8, 3), "mamba2": L.Mamba2Config(64, 512, 2, 8, n_groups=2)}[name]
+
+
+def _step_is_mambas(dt_bias):
+    """softplus(dt_bias) is log-uniform on [1e-3, 0.1] (floored at 1e-4, which it never reaches)."""
+    delta = bl.softplus(dt_bias)
+    assert np.all(delta >= L.DT_MIN * (1 - 1e-12)) and np.all(delta <= L.DT_MAX * (1 + 1e-12))
+    u = (np.log(delta) - math.log(L.DT_MIN)) / (math.log(L.DT_MAX) - math.log(L.DT_MIN))
+    assert stats.kstest(u.ravel(), "uniform").pvalue > KS_P
+
+
+def _normal(a, std):
+    assert stats.kstest(a.ravel() / std, "norm").pvalue > KS_P
+
+
+def _uniform(a, bound):
+    assert np.all(np.abs(a) <= bound)
+    assert stats.kstest((a.ravel() + bound) / (2 * bound), "uniform").pvalue > KS_P
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_init_schemes_refuse_an_unknown_one_and_the_book_is_the_default(name):
+    _, init, _, _ = LAYERS[name]
+    c = small_params(name)["config"]
+    with pytest.raises(ValueError, match="scheme"):
+        init(c, 0, scheme="pytorch")
+    a, b = init(c, 3), init(c, 3, scheme="book")
+    assert all(np.array_equal(a[k], b[k]) for k in L.parameter_shapes(c))
+    for scheme in L.INIT_SCHEMES:
+        p = init(c, 3, scheme=scheme, dtype=np.float32)
+        assert {k: v.shape for k, v in p.items() if k != "config"} == L.parameter_shapes(c)
+        assert all(p[k].dtype == np.float32 for k in L.parameter_shapes(c))
+
+
+def test_init_gated_deltanet_as_qwen3_next_and_as_fla():
+    c = _wide("gdn")
+    p = L.init_gated_deltanet(c, 0, scheme="transformers")
+    assert np.array_equal(p["dt_bias"], np.ones(c.n_heads))                      # Qwen3-Next: dt_bias = 1
+    A = np.exp(p["A_log"])
+    assert np.all((A >= 0.01) & (A <= 16)) and stats.kstest((A - 0.01) / 15.99, "uniform").pvalue > KS_P
+    for name in ("W_q", "W_k", "W_v", "W_z", "W_a", "W_b", "W_o", "conv_weight"):
+        _normal(p[name], L.INITIALIZER_RANGE["GatedDeltaNetConfig"])
+    assert np.array_equal(p["norm_weight"], np.ones(c.d_v))
+    q = L.init_gated_deltanet(c, 0, scheme="official")                           # fla: A ~ U(0, 16), Mamba's dt
+    assert stats.kstest(np.exp(q["A_log"]) / 16, "uniform").pvalue > KS_P
+    _step_is_mambas(q["dt_bias"])
+
+
+def test_init_kda_as_kimi_linear():
+    c = _wide("kda")
+    for scheme in ("transformers", "official"):
+        p = L.init_kda(c, 1, scheme=scheme)
+        A = np.exp(p["A_log"])
+        assert A.shape == (c.n_heads,) and np.all((A >= 1) & (A <= 16))
+        assert stats.kstest((A - 1) / 15, "uniform").pvalue > KS_P
+        assert p["dt_bias"].shape == (c.n_heads * c.d_k,)                         # one step per key channel
+        _step_is_mambas(p["dt_bias"])
+        for name in ("W_q", "W_f_down", "W_f_up", "W_g_up", "W_o", "conv_weight"):
+            _normal(p[name], L.INITIALIZER_RANGE["KDAConfig"])
+
+
+def test_init_mamba_is_s4d_real_with_mambas_step():
+    c = _wide("mamba")
+    p = L.init_mamba(c, 2, scheme="transformers")
+    assert np.allclose(-np.exp(p["A_log"]), -np.arange(1, c.d_state + 1) * np.ones((c.d_inner, 1)), rtol=1e-15)
+    assert np.array_equal(p["D"], np.ones(c.d_inner)) and np.array_equal(p["conv_bias"], np.zeros(c.d_inner))
+    _step_is_mambas(p["dt_bias"])
+    _uniform(p["W_dt"], c.dt_rank ** -0.5)
+    _uniform(p["conv_weight"], c.conv_kernel ** -0.5)
+    _uniform(p["W_out"], c.d_inner ** -0.5)
+    _normal(p["W_in"], L.INITIALIZER_RANGE["MambaConfig"])
+
+
+def test_init_mamba2_as_transformers_and_as_mamba_ssm():
+    c = _wide("mamba2")
+    p = L.init_mamba2(c, 4, scheme="transformers")
+    assert np.allclose(np.exp(p["A_log"]), np.arange(1, c.n_heads + 1), rtol=1e-14)   # A = 1..H over the heads
+    _step_is_mambas(p["dt_bias"])
+    _uniform(p["conv_weight"], c.conv_kernel ** -0.5)
+    _uniform(p["W_out"], c.d_inner ** -0.5)
+    _normal(p["W_in"], L.INITIALIZER_RANGE["Mamba2Config"])
+    q = L.init_mamba2(c, 4, scheme="official")                                    # mamba_ssm: A ~ U(1, 16)
+    A = np.exp(q["A_log"])
+    assert np.all((A >= 1) & (A <= 16)) and stats.kstest((A - 1) / 15, "uniform").pvalue > KS_P
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_initial_decay_is_the_gate_at_a_zero_projection(name):
+    p = small_params(name)
+    c = p["config"]
+    g0 = L.initial_decay(p)
+    if name == "mamba":
+        assert np.allclose(np.log(g0), -np.exp(p["A_log"]) * bl.softplus(p["dt_bias"])[:, None], rtol=1e-14)
+    else:
+        zero = np.zeros(p["dt_bias"].shape)
+        A_log = np.repeat(p["A_log"], c.d_k) if name == "kda" else p["A_log"]
+        assert np.allclose(np.log(g0), bl.softplus_log_gate(zero, A_log, p["dt_bias"]), rtol=1e-14)
+    assert np.all((g0 > 0) & (g0 < 1))
+    with pytest.raises(ValueError, match="params"):
+        L.initial_decay({"config": None})

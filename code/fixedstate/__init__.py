@@ -27,6 +27,12 @@ One module per idea, named after the chapter that explains it:
   :mod:`fixedstate.layer_ids`), each a forward, backward and step over a core.
 - :mod:`fixedstate.layers`: the layers as they ship (Gated DeltaNet as in Qwen3-Next,
   KDA as in Kimi Linear, the Mamba and Mamba-2 blocks), prefill and decode step.
+- :mod:`fixedstate.packing`: packed sequences (``cu_seqlens``) for the fixed-state cores
+  and the short convolution, recurrent and chunkwise, the state reset at each start.
+- :mod:`fixedstate.serving`: serving a layer: rollback after rejected speculative tokens,
+  and a layer's heads split over devices for tensor parallelism.
+- :mod:`fixedstate.precision`: bfloat16 storage (``ml_dtypes``) with float32 arithmetic
+  and state, as the fused kernels run the layers.
 - :mod:`fixedstate.figures`: interactive figures that work with and without a kernel
   (the drawing engine, ``fixedstate.figures.engine``), and each chapter's drawing code
   (``fixedstate.figures.delta_rule``, ...).

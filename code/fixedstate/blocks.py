@@ -532,7 +532,7 @@ def _conv_args(x, weight, initial_state, bias, *, token: bool):
     return x, w, state, b
 
 
-def short_conv(x, weight, *, initial_state=None, bias=None):
+def short_conv(x, weight, *, initial_state=None, bias=None, mask=None):
     """Depthwise causal convolution over the last ``K`` tokens, one filter per channel.
 
     ``y_t[c] = sum_{j=0}^{K-1} weight[c, j] x_{t-K+1+j}[c] (+ bias[c])``: the last
@@ -548,6 +548,11 @@ def short_conv(x, weight, *, initial_state=None, bias=None):
     initial_state : ``(..., K-1, d)`` or None: the ``K - 1`` inputs before ``x``,
         oldest first; leading axes broadcast with those of ``x``
     bias : ``(d,)`` or None (Mamba's convolution has one, Qwen3-Next's not)
+    mask : ``(..., T)`` booleans or None: True at real tokens, False at padding.
+        The padded inputs are zeroed before the convolution and the outputs there
+        after it, as the libraries' padding masks do. With the padding on the left
+        (batched generation), each real token sees zeros before its sequence, as
+        if it ran alone from an empty cache, and the returned cache is its own.
 
     Returns
     -------
@@ -557,10 +562,24 @@ def short_conv(x, weight, *, initial_state=None, bias=None):
     """
     x, w, state, b = _conv_args(x, weight, initial_state, bias, token=False)
     K, T = w.shape[1], x.shape[-2]
+    keep = None
+    if mask is not None:
+        keep = np.asarray(mask)
+        if keep.dtype != bool or keep.shape[-1:] != (T,):
+            raise ValueError(f"mask: expected booleans of shape (..., T) with T={T} (True at real tokens), "
+                             f"got {keep.dtype} of shape {keep.shape}")
+        try:
+            keep = np.broadcast_to(keep[..., None], x.shape)
+        except ValueError:
+            raise ValueError(f"mask: expected leading axes that broadcast with x's {x.shape[:-2]}, "
+                             f"got shape {np.shape(mask)}") from None
+        x = np.where(keep, x, 0.0).astype(x.dtype, copy=False)
     padded = np.concatenate([state, x], axis=-2)  # (..., K-1+T, d)
     y = sum(w[:, j] * padded[..., j:j + T, :] for j in range(K))
     if b is not None:
         y = y + b
+    if keep is not None:
+        y = np.where(keep, y, 0.0).astype(y.dtype, copy=False)
     return y, padded[..., T:, :].copy()
 
 

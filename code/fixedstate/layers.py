@@ -61,9 +61,10 @@ from .ssm import selective_scan_parallel, selective_scan_step, ssd_chunkwise, ss
 
 __all__ = [
     "GatedDeltaNetConfig", "KDAConfig", "MambaConfig", "Mamba2Config",
-    "init_gated_deltanet", "init_kda", "init_mamba", "init_mamba2",
+    "init_gated_deltanet", "init_kda", "init_mamba", "init_mamba2", "initial_decay",
     "gated_deltanet", "gated_deltanet_step", "kda_layer", "kda_layer_step",
     "mamba_block", "mamba_block_step", "mamba2_block", "mamba2_block_step",
+    "INIT_SCHEMES", "INITIALIZER_RANGE", "DT_MIN", "DT_MAX", "DT_FLOOR",
     "empty_cache", "cache_numbers", "parameter_shapes", "split_qwen3_next_projections",
 ]
 
@@ -276,40 +277,132 @@ def _init(config, rng, dtype, special):
     return params
 
 
-def _inverse_softplus_of_uniform_log(rng, shape, low=1e-3, high=0.1):
-    """A step size ``delta`` log-uniform in [low, high], stored as ``softplus^{-1}(delta)`` (Mamba's init)."""
-    return blocks.inverse_softplus(np.exp(rng.uniform(math.log(low), math.log(high), size=shape)))
+def _inverse_softplus_of_uniform_log(rng, shape, low=1e-3, high=0.1, floor=None):
+    """A step size ``delta`` log-uniform in [low, high] (raised to ``floor`` if given), stored as
+    ``softplus^{-1}(delta)``: Mamba's initialisation of ``dt_bias``."""
+    delta = np.exp(rng.uniform(math.log(low), math.log(high), size=shape))
+    if floor is not None:
+        delta = np.maximum(delta, floor)
+    return blocks.inverse_softplus(delta)
 
 
-def init_gated_deltanet(config, rng, *, dtype=np.float64) -> dict:
+#: The initialisation schemes of :func:`init_gated_deltanet`, :func:`init_kda`, :func:`init_mamba`
+#: and :func:`init_mamba2`: the book's own, ``transformers``' ``_init_weights`` (version 5.24), and
+#: the official repositories' (flash-linear-attention for the delta-rule layers, ``mamba_ssm``).
+INIT_SCHEMES = ("book", "transformers", "official")
+
+#: ``initializer_range`` of each layer's configuration in ``transformers`` 5.24 (the standard
+#: deviation of every ``nn.Linear`` weight that ``_init_weights`` draws from a normal law).
+INITIALIZER_RANGE = {"GatedDeltaNetConfig": 0.02, "KDAConfig": 0.02, "MambaConfig": 0.1, "Mamba2Config": 0.1}
+
+#: Mamba's step-size initialisation, as every reference implementation writes it: ``delta``
+#: log-uniform in ``[DT_MIN, DT_MAX]``, floored at ``DT_FLOOR``, stored as its inverse softplus.
+DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 0.1, 1e-4
+
+
+def _check_scheme(scheme):
+    if scheme not in INIT_SCHEMES:
+        raise ValueError(f"scheme: expected one of {', '.join(map(repr, INIT_SCHEMES))}, got {scheme!r}")
+    return scheme
+
+
+def _dt_bias(rng):
+    return lambda s: _inverse_softplus_of_uniform_log(rng, s, DT_MIN, DT_MAX, DT_FLOOR)
+
+
+def _reference_special(config, rng, scheme):
+    """The parameters a reference scheme draws (``scheme`` "transformers" or "official"), by name.
+
+    Every ``nn.Linear`` weight not named here is ``N(0, INITIALIZER_RANGE**2)`` (transformers'
+    ``PreTrainedModel._init_weights``); the convolution of the delta-rule layers too, Mamba's and
+    Mamba-2's is Kaiming-uniform with bound ``1/sqrt(K)`` (``a = sqrt(5)``, fan-in ``K`` for a
+    depthwise filter), their bias zero, and their ``out_proj`` Kaiming-uniform with bound
+    ``1/sqrt(d_inner)``. Norm weights are ones.
+    """
+    c, std = config, INITIALIZER_RANGE[type(config).__name__]
+    normal = lambda s: std * rng.standard_normal(s)                          # noqa: E731
+    special = {name: normal for name, shape in parameter_shapes(c).items() if name.startswith("W_")}
+    special["norm_weight"] = np.ones
+    if isinstance(c, GatedDeltaNetConfig):
+        special["conv_weight"] = normal
+        if scheme == "transformers":          # Qwen3NextPreTrainedModel: dt_bias = 1, A ~ U(0.01, 16)
+            special["dt_bias"] = np.ones
+            special["A_log"] = lambda s: np.log(rng.uniform(0.01, 16.0, size=s))
+        else:                                 # flash-linear-attention's GatedDeltaNet: A ~ U(0, 16), Mamba's dt
+            special["dt_bias"] = _dt_bias(rng)
+            special["A_log"] = lambda s: np.log(rng.uniform(0.0, 16.0, size=s))
+    elif isinstance(c, KDAConfig):            # KimiLinearForgetGate, "following FLA": the same in both
+        special["conv_weight"] = normal
+        special["A_log"] = lambda s: np.log(rng.uniform(1.0, 16.0, size=s))
+        special["dt_bias"] = _dt_bias(rng)
+    else:
+        special.update({"conv_weight": lambda s: rng.uniform(-1.0, 1.0, size=s) / math.sqrt(c.conv_kernel),
+                        "conv_bias": np.zeros, "D": np.ones, "dt_bias": _dt_bias(rng),
+                        "W_out": lambda s: rng.uniform(-1.0, 1.0, size=s) / math.sqrt(s[0])})
+        if isinstance(c, MambaConfig):        # S4D-real A = (1, ..., N) per channel; dt_proj ~ U(+-r^-1/2)
+            special["A_log"] = lambda s: np.log(np.broadcast_to(np.arange(1, s[1] + 1, dtype=float), s))
+            special["W_dt"] = lambda s: rng.uniform(-1.0, 1.0, size=s) / math.sqrt(c.dt_rank)
+        elif scheme == "transformers":        # Mamba2PreTrainedModel: A = (1, ..., H) over the heads
+            special["A_log"] = lambda s: np.log(np.arange(1, s[0] + 1, dtype=float))
+        else:                                 # mamba_ssm's Mamba2: A ~ U(1, 16) (A_init_range)
+            special["A_log"] = lambda s: np.log(rng.uniform(1.0, 16.0, size=s))
+    return special
+
+
+def init_gated_deltanet(config, rng, *, dtype=np.float64, scheme="book") -> dict:
     """Random parameters of a Gated DeltaNet layer (shapes: :func:`parameter_shapes`).
 
-    ``A_log = log(A)`` with ``A`` uniform in [1, 16], ``dt_bias`` the inverse
-    softplus of a step log-uniform in [1e-3, 0.1], ``norm_weight`` ones; the
-    matrices are Gaussian with variance ``1/d_in``.
+    ``scheme="book"``: ``A_log = log(A)`` with ``A`` uniform in [1, 16], ``dt_bias`` the
+    inverse softplus of a step log-uniform in [1e-3, 0.1], ``norm_weight`` ones; the
+    matrices are Gaussian with variance ``1/d_in``. ``scheme="transformers"``
+    (``Qwen3NextPreTrainedModel``): ``dt_bias = 1``, ``A`` uniform in [0.01, 16];
+    ``scheme="official"`` (flash-linear-attention's ``GatedDeltaNet``): ``A`` uniform in
+    [0, 16], ``dt_bias`` the inverse softplus of a step log-uniform in [1e-3, 0.1] floored at
+    1e-4. In both reference schemes the projections and the convolution are ``N(0, 0.02^2)``
+    and ``norm_weight`` ones.
     """
     _check_config(config, GatedDeltaNetConfig)
     rng = as_generator(rng)
+    if _check_scheme(scheme) != "book":
+        return _init(config, rng, dtype, _reference_special(config, rng, scheme))
     return _init(config, rng, dtype, {
         "A_log": lambda s: np.log(rng.uniform(1.0, 16.0, size=s)),
         "dt_bias": lambda s: _inverse_softplus_of_uniform_log(rng, s),
         "norm_weight": np.ones})
 
 
-def init_kda(config, rng, *, dtype=np.float64) -> dict:
-    """Random parameters of a KDA layer, initialised as :func:`init_gated_deltanet` (``dt_bias`` per channel)."""
+def init_kda(config, rng, *, dtype=np.float64, scheme="book") -> dict:
+    """Random parameters of a KDA layer, initialised as :func:`init_gated_deltanet` (``dt_bias`` per channel).
+
+    ``scheme="transformers"`` and ``"official"`` are the same (``KimiLinearForgetGate`` follows
+    flash-linear-attention): ``A`` uniform in [1, 16] per head, ``dt_bias`` per key channel the
+    inverse softplus of a step log-uniform in [1e-3, 0.1] floored at 1e-4, projections and
+    convolution ``N(0, 0.02^2)``, ``norm_weight`` ones.
+    """
     _check_config(config, KDAConfig)
     rng = as_generator(rng)
+    if _check_scheme(scheme) != "book":
+        return _init(config, rng, dtype, _reference_special(config, rng, scheme))
     return _init(config, rng, dtype, {
         "A_log": lambda s: np.log(rng.uniform(1.0, 16.0, size=s)),
         "dt_bias": lambda s: _inverse_softplus_of_uniform_log(rng, s),
         "norm_weight": np.ones})
 
 
-def init_mamba(config, rng, *, dtype=np.float64) -> dict:
-    """Random parameters of a Mamba block: S4D-real ``A = -(1, ..., N)`` per channel, ``D = 1``, Mamba's ``dt`` init."""
+def init_mamba(config, rng, *, dtype=np.float64, scheme="book") -> dict:
+    """Random parameters of a Mamba block: S4D-real ``A = -(1, ..., N)`` per channel, ``D = 1``, Mamba's ``dt`` init.
+
+    ``scheme="transformers"`` and ``"official"`` (``MambaMixer.init_mamba_weights``, as
+    ``mamba_ssm``'s ``Mamba``): the same ``A`` and ``D``; ``W_dt`` uniform in
+    ``[-r^{-1/2}, r^{-1/2}]`` (``r`` = ``dt_rank``); ``dt_bias`` the inverse softplus of a step
+    log-uniform in [1e-3, 0.1] floored at 1e-4; the convolution uniform in ``[-K^{-1/2},
+    K^{-1/2}]`` with a zero bias; ``W_out`` uniform in ``[-d_inner^{-1/2}, d_inner^{-1/2}]``
+    (Kaiming-uniform with ``a = sqrt(5)``); ``W_in``, ``W_x`` ``N(0, 0.1^2)``.
+    """
     _check_config(config, MambaConfig)
     rng = as_generator(rng)
+    if _check_scheme(scheme) != "book":
+        return _init(config, rng, dtype, _reference_special(config, rng, scheme))
     return _init(config, rng, dtype, {
         "A_log": lambda s: np.log(np.broadcast_to(np.arange(1, s[1] + 1, dtype=float), s)),
         "D": np.ones,
@@ -317,16 +410,45 @@ def init_mamba(config, rng, *, dtype=np.float64) -> dict:
         "conv_bias": lambda s: 0.1 * rng.standard_normal(s)})
 
 
-def init_mamba2(config, rng, *, dtype=np.float64) -> dict:
-    """Random parameters of a Mamba-2 block: ``A = -(1, ..., H)`` over the heads, ``D = 1``, Mamba's ``dt`` init."""
+def init_mamba2(config, rng, *, dtype=np.float64, scheme="book") -> dict:
+    """Random parameters of a Mamba-2 block: ``A = -(1, ..., H)`` over the heads, ``D = 1``, Mamba's ``dt`` init.
+
+    ``scheme="transformers"`` (``Mamba2Mixer.init_mamba2_weights``): the same ``A`` and ``D``,
+    ``dt_bias`` the inverse softplus of a step log-uniform in [1e-3, 0.1] floored at 1e-4;
+    ``scheme="official"`` (``mamba_ssm``'s ``Mamba2``, ``A_init_range=(1, 16)``): ``A``
+    uniform in [1, 16] per head instead. In both the convolution is uniform in
+    ``[-K^{-1/2}, K^{-1/2}]`` with a zero bias, ``W_out`` uniform in ``[-d_inner^{-1/2},
+    d_inner^{-1/2}]``, ``W_in`` ``N(0, 0.1^2)``, ``norm_weight`` ones.
+    """
     _check_config(config, Mamba2Config)
     rng = as_generator(rng)
+    if _check_scheme(scheme) != "book":
+        return _init(config, rng, dtype, _reference_special(config, rng, scheme))
     return _init(config, rng, dtype, {
         "A_log": lambda s: np.log(np.arange(1, s[0] + 1, dtype=float)),
         "D": np.ones,
         "dt_bias": lambda s: _inverse_softplus_of_uniform_log(rng, s),
         "conv_bias": lambda s: 0.1 * rng.standard_normal(s),
         "norm_weight": np.ones})
+
+
+def initial_decay(params) -> np.ndarray:
+    """The decay per token a layer starts with where its gate's projection is zero (``eq-sl-gate``).
+
+    ``g_0 = exp(-exp(A_log) softplus(dt_bias))``: per value head for Gated DeltaNet and
+    Mamba-2 ``(H,)``, per key channel for KDA ``(H d_k,)``, per channel and state index
+    for Mamba ``(d_inner, N)``. The initialisation schemes of ``init_*`` differ in it.
+    """
+    config = params.get("config") if isinstance(params, dict) else None
+    if not isinstance(config, _CONFIGS):
+        raise ValueError(f"params: expected a layer's params dict (from init_*), got {type(params).__name__}")
+    c, p = _check_layer_params(params, type(config))
+    A, delta = np.exp(p["A_log"]), blocks.softplus(p["dt_bias"])
+    if isinstance(c, MambaConfig):
+        return np.exp(-delta[:, None] * A)
+    if isinstance(c, KDAConfig):
+        return np.exp(-np.repeat(A, c.d_k) * delta)
+    return np.exp(-A * delta)
 
 
 def _check_layer_params(params, kind):
@@ -440,11 +562,27 @@ def _check_cache(cache, config, lead, *, required: bool):
     return conv, state
 
 
-def _conv(x, p, conv_state, *, token):
+def _conv(x, p, conv_state, *, token, mask=None):
     """The short convolution then SiLU, from its cache; returns (activations, new cache)."""
-    f = blocks.short_conv_step if token else blocks.short_conv
-    y, conv_state = f(x, p["conv_weight"], initial_state=conv_state, bias=p.get("conv_bias"))
+    if token:
+        y, conv_state = blocks.short_conv_step(x, p["conv_weight"], initial_state=conv_state, bias=p.get("conv_bias"))
+    else:
+        y, conv_state = blocks.short_conv(x, p["conv_weight"], initial_state=conv_state, bias=p.get("conv_bias"),
+                                          mask=mask)
     return blocks.silu(y), conv_state
+
+
+def _masked(x, mask, *, token):
+    """``x`` with its padded tokens zeroed (``mask`` (..., T) booleans, True at real tokens), and the mask."""
+    if mask is None:
+        return x, None
+    if token:
+        raise ValueError("mask: a decode step takes no mask (its token is real), got one")
+    keep = np.asarray(mask)
+    if keep.dtype != bool or keep.shape[-1:] != x.shape[-2:-1]:
+        raise ValueError(f"mask: expected booleans of shape (..., T) with T={x.shape[-2]} (True at real tokens), "
+                         f"got {keep.dtype} of shape {keep.shape}")
+    return np.where(keep[..., None], x, 0.0).astype(x.dtype, copy=False), keep
 
 
 def _heads(x, n, d, *, token):
@@ -478,15 +616,16 @@ def _to_time_last(a, *, token):
 
 # --------------------------------------------------------------------------- Gated DeltaNet
 
-def _gated_deltanet(params, x, cache, *, token):
+def _gated_deltanet(params, x, cache, *, token, mask=None):
     c, p = _check_layer_params(params, GatedDeltaNetConfig)
     x = _check_x(x, c.d_model, token=token)
     lead = x.shape[:x.ndim - (1 if token else 2)]
     conv_state, state = _check_cache(cache, c, lead, required=False)
+    x, mask = _masked(x, mask, token=token)
     kd, vd = c.n_key_heads * c.d_k, c.n_heads * c.d_v
     qkv = np.concatenate([blocks.linear(x, p["W_q"]), blocks.linear(x, p["W_k"]), blocks.linear(x, p["W_v"])],
                          axis=-1)                                                  # (..., T, conv_dim)
-    qkv, conv_state = _conv(qkv, p, conv_state, token=token)
+    qkv, conv_state = _conv(qkv, p, conv_state, token=token, mask=mask)
     group = c.n_heads // c.n_key_heads
     q = blocks.l2_normalize(_heads(qkv[..., :kd], c.n_key_heads, c.d_k, token=token))
     k = blocks.l2_normalize(_heads(qkv[..., kd:2 * kd], c.n_key_heads, c.d_k, token=token))
@@ -501,7 +640,7 @@ def _gated_deltanet(params, x, cache, *, token):
     return y, {"conv": conv_state, "state": state}
 
 
-def gated_deltanet(params, x, *, cache=None):
+def gated_deltanet(params, x, *, cache=None, mask=None):
     """Gated DeltaNet as in Qwen3-Next, over a sequence (prefill) (``eq-sl-gdn``).
 
     ``x`` ``(..., T, d_model)``; ``cache`` None (zeros) or ``{"conv": (..., K-1,
@@ -513,8 +652,14 @@ def gated_deltanet(params, x, *, cache=None):
     ``n_heads // n_key_heads`` consecutive value heads; a gated RMSNorm per
     head with ``silu(z)``; the output projection. Returns ``(y, cache)``, ``y``
     ``(..., T, d_model)``.
+    ``mask`` ``(..., T)`` booleans (True at real tokens) or None: the padded tokens are
+    zeroed before the projections and around the short convolution, as the libraries'
+    padding masks do. With the padding on the left and no cache, each sequence's outputs
+    at its real tokens and its returned cache are those of running it alone
+    (``tests/test_packing.py``); a mask after a cache, or on the right, leaves the
+    returned cache holding padding.
     """
-    return _gated_deltanet(params, x, cache, token=False)
+    return _gated_deltanet(params, x, cache, token=False, mask=mask)
 
 
 def gated_deltanet_step(params, x, cache=None):
@@ -527,15 +672,16 @@ def gated_deltanet_step(params, x, cache=None):
 
 # --------------------------------------------------------------------------- KDA
 
-def _kda(params, x, cache, *, token):
+def _kda(params, x, cache, *, token, mask=None):
     c, p = _check_layer_params(params, KDAConfig)
     x = _check_x(x, c.d_model, token=token)
     lead = x.shape[:x.ndim - (1 if token else 2)]
     conv_state, state = _check_cache(cache, c, lead, required=False)
+    x, mask = _masked(x, mask, token=token)
     kd = c.n_heads * c.d_k
     qkv = np.concatenate([blocks.linear(x, p["W_q"]), blocks.linear(x, p["W_k"]), blocks.linear(x, p["W_v"])],
                          axis=-1)
-    qkv, conv_state = _conv(qkv, p, conv_state, token=token)
+    qkv, conv_state = _conv(qkv, p, conv_state, token=token, mask=mask)
     q = blocks.l2_normalize(_heads(qkv[..., :kd], c.n_heads, c.d_k, token=token))
     k = blocks.l2_normalize(_heads(qkv[..., kd:2 * kd], c.n_heads, c.d_k, token=token))
     v = _heads(qkv[..., 2 * kd:], c.n_heads, c.d_v, token=token)
@@ -550,7 +696,7 @@ def _kda(params, x, cache, *, token):
     return y, {"conv": conv_state, "state": state}
 
 
-def kda_layer(params, x, *, cache=None):
+def kda_layer(params, x, *, cache=None, mask=None):
     """Kimi Delta Attention as in Kimi Linear, over a sequence (prefill) (``eq-sl-kda``).
 
     As :func:`gated_deltanet`, with: as many query/key heads as value heads; a
@@ -560,8 +706,14 @@ def kda_layer(params, x, *, cache=None):
     ``sigmoid(g)`` (``g`` a low-rank projection) after an RMSNorm per head.
     ``cache`` None or ``{"conv": (..., K-1, conv_dim), "state": (..., H, d_k, d_v)}``.
     Returns ``(y, cache)``.
+    ``mask`` ``(..., T)`` booleans (True at real tokens) or None: the padded tokens are
+    zeroed before the projections and around the short convolution, as the libraries'
+    padding masks do. With the padding on the left and no cache, each sequence's outputs
+    at its real tokens and its returned cache are those of running it alone
+    (``tests/test_packing.py``); a mask after a cache, or on the right, leaves the
+    returned cache holding padding.
     """
-    return _kda(params, x, cache, token=False)
+    return _kda(params, x, cache, token=False, mask=mask)
 
 
 def kda_layer_step(params, x, cache=None):
@@ -571,14 +723,15 @@ def kda_layer_step(params, x, cache=None):
 
 # --------------------------------------------------------------------------- Mamba
 
-def _mamba(params, x, cache, *, token):
+def _mamba(params, x, cache, *, token, mask=None):
     c, p = _check_layer_params(params, MambaConfig)
     x = _check_x(x, c.d_model, token=token)
     lead = x.shape[:x.ndim - (1 if token else 2)]
     conv_state, state = _check_cache(cache, c, lead, required=False)
+    x, mask = _masked(x, mask, token=token)
     xz = blocks.linear(x, p["W_in"])
     u, z = xz[..., :c.d_inner], xz[..., c.d_inner:]
-    u, conv_state = _conv(u, p, conv_state, token=token)                      # (..., T, d_inner)
+    u, conv_state = _conv(u, p, conv_state, token=token, mask=mask)                      # (..., T, d_inner)
     dbc = blocks.linear(u, p["W_x"])
     r, N = c.dt_rank, c.d_state
     delta = blocks.softplus(blocks.linear(dbc[..., :r], p["W_dt"], p["dt_bias"]))   # softplus(dt W + bias)
@@ -590,7 +743,7 @@ def _mamba(params, x, cache, *, token):
     return blocks.linear(y, p["W_out"]), {"conv": conv_state, "state": state}
 
 
-def mamba_block(params, x, *, cache=None):
+def mamba_block(params, x, *, cache=None, mask=None):
     """The Mamba (v1) block over a sequence (prefill) (``eq-sl-mamba``).
 
     ``in_proj`` to ``u`` and ``z``; the short convolution (with bias) over ``u``
@@ -599,8 +752,14 @@ def mamba_block(params, x, *, cache=None):
     (:func:`fixedstate.ssm.selective_scan_parallel`) with ``A = -exp(A_log)``
     and the skip ``D``; ``y * silu(z)``; ``out_proj``. ``cache`` None or
     ``{"conv": (..., K-1, d_inner), "state": (..., d_inner, N)}``. Returns ``(y, cache)``.
+    ``mask`` ``(..., T)`` booleans (True at real tokens) or None: the padded tokens are
+    zeroed before the projections and around the short convolution, as the libraries'
+    padding masks do. With the padding on the left and no cache, each sequence's outputs
+    at its real tokens and its returned cache are those of running it alone
+    (``tests/test_packing.py``); a mask after a cache, or on the right, leaves the
+    returned cache holding padding.
     """
-    return _mamba(params, x, cache, token=False)
+    return _mamba(params, x, cache, token=False, mask=mask)
 
 
 def mamba_block_step(params, x, cache=None):
@@ -610,15 +769,16 @@ def mamba_block_step(params, x, cache=None):
 
 # --------------------------------------------------------------------------- Mamba-2
 
-def _mamba2(params, x, cache, *, token):
+def _mamba2(params, x, cache, *, token, mask=None):
     c, p = _check_layer_params(params, Mamba2Config)
     x = _check_x(x, c.d_model, token=token)
     lead = x.shape[:x.ndim - (1 if token else 2)]
     conv_state, state = _check_cache(cache, c, lead, required=False)
+    x, mask = _masked(x, mask, token=token)
     zxbcdt = blocks.linear(x, p["W_in"])
     di, GN = c.d_inner, c.n_groups * c.d_state
     z, xbc, dt = zxbcdt[..., :di], zxbcdt[..., di:di + c.conv_dim], zxbcdt[..., di + c.conv_dim:]
-    xbc, conv_state = _conv(xbc, p, conv_state, token=token)
+    xbc, conv_state = _conv(xbc, p, conv_state, token=token, mask=mask)
     per_group = c.n_heads // c.n_groups
     u = _heads(xbc[..., :di], c.n_heads, c.head_dim, token=token)                     # (..., H, T, P)
     B, C = (np.repeat(_heads(m, c.n_groups, c.d_state, token=token), per_group, axis=-2 if token else -3)
@@ -638,7 +798,7 @@ def _mamba2(params, x, cache, *, token):
     return blocks.linear(y, p["W_out"]), {"conv": conv_state, "state": state}
 
 
-def mamba2_block(params, x, *, cache=None):
+def mamba2_block(params, x, *, cache=None, mask=None):
     """The Mamba-2 block over a sequence (prefill) (``eq-sl-mamba2``).
 
     ``in_proj`` to ``z``, ``xBC`` and the step ``dt`` (one per head); the short
@@ -650,8 +810,14 @@ def mamba2_block(params, x, *, cache=None):
     ``rms_norm(y * silu(z))`` per group of channels; ``out_proj``. ``cache``
     None or ``{"conv": (..., K-1, conv_dim), "state": (..., H, N, P)}``.
     Returns ``(y, cache)``.
+    ``mask`` ``(..., T)`` booleans (True at real tokens) or None: the padded tokens are
+    zeroed before the projections and around the short convolution, as the libraries'
+    padding masks do. With the padding on the left and no cache, each sequence's outputs
+    at its real tokens and its returned cache are those of running it alone
+    (``tests/test_packing.py``); a mask after a cache, or on the right, leaves the
+    returned cache holding padding.
     """
-    return _mamba2(params, x, cache, token=False)
+    return _mamba2(params, x, cache, token=False, mask=mask)
 
 
 def mamba2_block_step(params, x, cache=None):

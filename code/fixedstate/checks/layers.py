@@ -6,6 +6,13 @@ coding exercise is checked by :func:`check_split_qkvz` (Qwen3-Next's
 interleaved input projection as the book's matrices, compared with
 :func:`fixedstate.layers.split_qwen3_next_projections`).
 
+Three more coding exercises: :func:`check_dt_bias_for` (the step bias that starts a
+gate at a chosen decay, as Mamba's initialisation does, without overflow),
+:func:`check_packed_decode` (the gated delta rule over packed sequences, the state
+reset at each start, against :func:`fixedstate.packing.varlen_mixer`) and
+:func:`check_draft_rollback` (verify drafted tokens and return to the cache after
+the accepted ones, against :mod:`fixedstate.serving`).
+
 Challenge problem: :func:`check_mamba2_step` for
 ``mamba2_step(params, x, cache) -> (y, cache)``, one decode step of the Mamba-2
 block (equation ``eq-sl-mamba2``) written from the blocks, compared with
@@ -19,10 +26,14 @@ import dataclasses
 
 import numpy as np
 
+from .. import blocks as bl
+from .. import delta_rule as dr
 from .. import layers as fl
+from .. import packing, serving
 from ._core import CheckResult, Failure, call_student, call_without, check_numeric, run_check
 
-__all__ = ["ANSWERS", "check_answer", "check_split_qkvz", "check_mamba2_step", "BUDGET_LAYER"]
+__all__ = ["ANSWERS", "check_answer", "check_split_qkvz", "check_mamba2_step", "check_dt_bias_for",
+           "check_packed_decode", "check_draft_rollback", "BUDGET_LAYER"]
 
 #: The layer of exercise ex-sl-budget: a Mamba-2 block of width 2560 (inner width 5120 in
 #: 80 heads of 64, N = 128, one group, kernel 4).
@@ -119,6 +130,163 @@ def check_split_qkvz(split_qkvz) -> CheckResult:
         return "the four matrices are unscrambled group by group and transposed to (d_in, d_out)"
 
     return run_check("ex-sl-qkvz", body)
+
+
+# ---------------------------------------------------------------------------
+# Coding exercise: the step bias that starts a gate at a chosen decay
+# ---------------------------------------------------------------------------
+
+def dt_bias_reference(decay, A_log):
+    """``softplus^{-1}(-log(decay) / exp(A_log))``: the bias whose gate starts at ``decay`` (a zero projection)."""
+    decay, A_log = np.asarray(decay, dtype=float), np.asarray(A_log, dtype=float)
+    return bl.inverse_softplus(-np.log(decay) / np.exp(A_log))
+
+
+def _dt_bias_cases():
+    return [(np.array([0.5, 0.9, 0.99, 0.999]), np.zeros(4), "decays 0.5 to 0.999 with a = -1"),
+            (np.array([0.9, 0.9, 0.9]), np.log([1.0, 4.0, 16.0]), "decay 0.9 with -a = 1, 4, 16"),
+            (np.array([1e-300, 1 - 1e-12, 0.3]), np.array([-1.0, 2.0, 0.0]),
+             "a decay of 1e-300 with -a = exp(-1) (a step of about 1,900), one of 1 - 1e-12, and 0.3")]
+
+
+def check_dt_bias_for(dt_bias_for) -> CheckResult:
+    """Check ``dt_bias_for(decay, A_log) -> dt_bias``: ``exp(-exp(A_log) softplus(dt_bias)) = decay``."""
+
+    def body():
+        for decay, A_log, what in _dt_bias_cases():
+            case = f"{what}"
+            got = call_without(dt_bias_for, [bl.inverse_softplus], decay.copy(), A_log.copy(), case=case)
+            try:
+                got = np.asarray(got, dtype=float)
+            except (TypeError, ValueError):
+                raise Failure(f"on {case}: expected an array of biases") from None
+            want = dt_bias_reference(decay, A_log)
+            if got.shape != want.shape:
+                raise Failure(f"on {case}: expected shape {want.shape}, got {got.shape}")
+            if not np.all(np.isfinite(got)):
+                raise Failure(f"on {case}: some biases are not finite: log(exp(delta) - 1) overflows for a large "
+                              "step; write it as delta + log(1 - exp(-delta)) (np.log(-np.expm1(-delta)))")
+            if not np.allclose(got, want, rtol=1e-9, atol=1e-12):
+                step = -np.log(decay)
+                if np.allclose(got, bl.inverse_softplus(step), rtol=1e-9, atol=1e-12):
+                    raise Failure(f"on {case}: the step must be divided by -a = exp(A_log): the decay is "
+                                  "exp(a delta), with a = -exp(A_log)")
+                if np.allclose(got, np.log(step / np.exp(A_log)), rtol=1e-9, atol=1e-12):
+                    raise Failure(f"on {case}: that is log(delta); the bias goes through a softplus, so invert "
+                                  "the softplus: log(exp(delta) - 1)")
+                raise Failure(f"on {case}: softplus(dt_bias) should be -log(decay) / exp(A_log)")
+        return "the biases start every gate at its decay, without overflow"
+
+    return run_check("ex-sl-dt-bias", body)
+
+
+# ---------------------------------------------------------------------------
+# Coding exercise: packed sequences
+# ---------------------------------------------------------------------------
+
+def _packed_cases():
+    rng = np.random.default_rng(83)
+    cases = []
+    for lengths, lead, what in (([3, 5], (), "two sequences of 3 and 5 tokens"),
+                                ([1, 4, 2], (2,), "three sequences of 1, 4 and 2 tokens, 2 heads"),
+                                ([6], (), "one sequence of 6 tokens")):
+        T = sum(lengths)
+        q = rng.standard_normal(lead + (T, 3))
+        k = bl.l2_normalize(rng.standard_normal(lead + (T, 3)))
+        v = rng.standard_normal(lead + (T, 2))
+        beta, log_gate = rng.uniform(0.1, 0.9, lead + (T,)), -rng.exponential(0.3, lead + (T,))
+        cases.append((q, k, v, beta, log_gate, np.concatenate([[0], np.cumsum(lengths)]), what))
+    return cases
+
+
+def _packed_expected(q, k, v, beta, log_gate, cu):
+    return packing.varlen_mixer("gated_delta", q, k, v, {"beta": beta, "log_gate": log_gate}, cu_seqlens=cu,
+                                form="recurrent")
+
+
+def check_packed_decode(packed_decode) -> CheckResult:
+    """Check ``packed_decode(q, k, v, beta, log_gate, cu_seqlens) -> (outputs, final_states)``."""
+
+    def body():
+        for q, k, v, beta, log_gate, cu, what in _packed_cases():
+            case = f"{what} (cu_seqlens {cu.tolist()})"
+            got = call_without(packed_decode, [packing.varlen_mixer], q.copy(), k.copy(), v.copy(), beta.copy(),
+                               log_gate.copy(), cu.copy(), case=case)
+            try:
+                o, S = (np.asarray(a, dtype=float) for a in got)
+            except (TypeError, ValueError):
+                raise Failure(f"on {case}: expected (outputs, final_states)") from None
+            o_exp, S_exp = _packed_expected(q, k, v, beta, log_gate, cu)
+            if o.shape != o_exp.shape:
+                raise Failure(f"on {case}: outputs should have shape {o_exp.shape}, got {o.shape}")
+            if not np.allclose(o, o_exp, rtol=1e-10, atol=1e-12):
+                carried, _ = dr.gated_delta_rule_recurrent(q, k, v, beta=beta, log_gate=log_gate)
+                if np.allclose(o, carried, rtol=1e-10, atol=1e-12):
+                    raise Failure(f"on {case}: the outputs are those of one long sequence: set the state to zero "
+                                  "where each sequence starts (at every offset of cu_seqlens but the last)")
+                first = int(np.argwhere(~np.isclose(o, o_exp).all(axis=-1).reshape(-1, o.shape[-2]).all(axis=0))[0][0])
+                raise Failure(f"on {case}: the outputs differ first at packed token {first}")
+            if S.shape != S_exp.shape:
+                raise Failure(f"on {case}: final_states should have shape {S_exp.shape} (one state per sequence, "
+                              f"stacked on a new first axis), got {S.shape}")
+            if not np.allclose(S, S_exp, rtol=1e-10, atol=1e-12):
+                raise Failure(f"on {case}: the outputs are right but the final states are not: keep the state "
+                              "each sequence ends with, after its last token")
+        return "every sequence starts from a zero state, and each one's final state is kept"
+
+    return run_check("ex-sl-packed", body)
+
+
+# ---------------------------------------------------------------------------
+# Coding exercise: rolling back after rejected speculative tokens
+# ---------------------------------------------------------------------------
+
+def _rollback_cases():
+    rng = np.random.default_rng(84)
+    cases = []
+    for c, k, j, what in ((fl.GatedDeltaNetConfig(6, 2, 1, 3, 2), 3, 1, "3 drafted tokens, 1 accepted"),
+                          (fl.GatedDeltaNetConfig(6, 4, 2, 2, 2, conv_kernel=3), 4, 0, "4 drafted, none accepted"),
+                          (fl.GatedDeltaNetConfig(5, 2, 2, 2, 3), 2, 2, "2 drafted, both accepted")):
+        p = fl.init_gated_deltanet(c, rng)
+        _, cache = fl.gated_deltanet(p, rng.standard_normal((4, c.d_model)))
+        cases.append((p, cache, rng.standard_normal((k, c.d_model)), j, what))
+    return cases
+
+
+def check_draft_rollback(draft_rollback) -> CheckResult:
+    """Check ``draft_rollback(params, cache, x_draft, accepted) -> (y_draft, cache_after_accepted)``."""
+
+    def body():
+        for p, cache, x, j, what in _rollback_cases():
+            case = what
+            given = {"conv": cache["conv"].copy(), "state": cache["state"].copy()}
+            got = call_without(draft_rollback, [serving.verify_draft, serving.rollback], p, given, x.copy(), j,
+                               case=case)
+            y_exp, kept = serving.verify_draft(p, x, cache)
+            back = serving.rollback(p, kept, j)
+            try:
+                y, new = got
+                y = np.asarray(y, dtype=float)
+                conv, state = np.asarray(new["conv"], dtype=float), np.asarray(new["state"], dtype=float)
+            except (TypeError, ValueError, KeyError, IndexError):
+                raise Failure(f"on {case}: expected (y_draft, cache) with cache a dict of 'conv' and 'state'") from None
+            if y.shape != y_exp.shape or not np.allclose(y, y_exp, rtol=1e-10, atol=1e-12):
+                raise Failure(f"on {case}: y_draft should be the layer's outputs on the {x.shape[0]} drafted tokens, "
+                              f"shape {y_exp.shape}, one decode step each")
+            live = serving.rollback(p, kept, x.shape[0])
+            for part, got_part in (("state", state), ("conv", conv)):
+                if got_part.shape != back[part].shape:
+                    raise Failure(f"on {case}: cache['{part}'] should have shape {back[part].shape}, "
+                                  f"got {got_part.shape}")
+                if not np.allclose(got_part, back[part], rtol=1e-10, atol=1e-12):
+                    if j < x.shape[0] and np.allclose(got_part, live[part], rtol=1e-10, atol=1e-12):
+                        raise Failure(f"on {case}: cache['{part}'] is the one after all the drafted tokens; roll "
+                                      f"it back to the one after the {j} accepted")
+                    raise Failure(f"on {case}: cache['{part}'] should be the one after the {j} accepted "
+                                  "tokens (the convolution cache too: the last K - 1 inputs up to them)")
+        return "the drafted outputs, and the cache after exactly the accepted tokens"
+
+    return run_check("ex-sl-rollback", body)
 
 
 # ---------------------------------------------------------------------------

@@ -77,3 +77,4 @@ def cases_for(check, rng_seed: int) -> tuple[Hidden, list[Case]] | None:
 
 
 from . import chapters  # noqa: E402,F401  (registers the cases)
+from . import shipped_layers  # noqa: E402,F401  (chapter 8's newer cases)

@@ -1,0 +1,96 @@
+"""Tests for fixedstate.precision: bfloat16 storage, float32 arithmetic and state.
+
+Properties from chapter 8: rounding to bfloat16 is idempotent and within half its spacing;
+with float32 storage and a float32 state the mixed-precision gated delta rule is the
+float32 core, recurrent and chunkwise alike, within float32 rounding of the float64 run;
+a bfloat16 state loses more than a float32 one by orders of magnitude when the decays are
+weak, and loses a decay closer to 1 than its spacing altogether.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from _examples import examples
+
+from fixedstate import delta_rule as dr
+from fixedstate import layers as L
+from fixedstate import precision as pr
+from fixedstate.prose import max_relative_error
+
+
+@given(seed=st.integers(0, 2 ** 16), scale=st.floats(1e-3, 1e3))
+@examples(30)
+def test_round_to_bfloat16_is_idempotent_and_within_half_a_spacing(seed, scale):
+    x = scale * np.random.default_rng(seed).standard_normal(50)
+    r = pr.round_to(x)
+    assert r.dtype == np.float32 and np.array_equal(pr.round_to(r), r)
+    assert np.all(np.abs(r - x) <= 2.0 ** -8 * np.abs(x) * (1 + 2.0 ** -15))      # 8 significant bits
+    assert np.array_equal(pr.round_to(x, np.float64), x)
+
+
+def inputs(seed, T, log_gate_scale, H=1, d=8):
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((2, H, T, d))
+    q /= np.linalg.norm(q, axis=-1, keepdims=True)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal((H, T, d))
+    beta = rng.uniform(0.1, 0.9, (H, T))
+    log_gate = -log_gate_scale * rng.uniform(0.5, 1.5, (H, T))
+    return q, k, v, beta, log_gate
+
+
+@pytest.mark.parametrize("form", ["recurrent", "chunkwise"])
+@given(seed=st.integers(0, 2 ** 16), T=st.integers(1, 70), chunk=st.integers(1, 20))
+@examples(15)
+def test_float32_state_is_the_float32_core_within_float32_rounding(form, seed, T, chunk):
+    q, k, v, beta, log_gate = inputs(seed, T, 0.05)
+    o, S = pr.gated_delta_rule_mixed(q, k, v, beta=beta, log_gate=log_gate, scale=0.5, form=form, chunk_size=chunk,
+                                     io_dtype=np.float32)
+    assert o.dtype == S.dtype == np.float32
+    ref, S_ref = dr.gated_delta_rule_recurrent(q, k, v, beta=beta, log_gate=log_gate.astype(np.float32), scale=0.5)
+    assert max_relative_error(o, ref) < 1e-5 and max_relative_error(S, S_ref) < 1e-5
+
+
+def test_a_bfloat16_state_loses_orders_of_magnitude_more_than_a_float32_one():
+    q, k, v, beta, log_gate = inputs(0, 300, 1e-3)
+    qr, kr, vr, br = (pr.round_to(a).astype(np.float64) for a in (q, k, v, beta))
+    ref, _ = dr.gated_delta_rule_recurrent(qr, kr, vr, beta=br, log_gate=log_gate.astype(np.float32).astype(float),
+                                           scale=0.5)
+    for form in ("recurrent", "chunkwise"):
+        err = {st: max_relative_error(pr.gated_delta_rule_mixed(q, k, v, beta=beta, log_gate=log_gate, scale=0.5,
+                                                                form=form, chunk_size=16, state_dtype=st)[0], ref)
+               for st in (np.float32, pr.BFLOAT16)}
+        assert err[np.float32] < 1e-5 and err[pr.BFLOAT16] > 100 * err[np.float32]
+
+
+def test_a_decay_closer_to_one_than_bfloat16s_spacing_is_rounded_away():
+    s32 = s16 = np.float32(1.0)
+    g = np.float32(np.exp(-1e-3))
+    for _ in range(1000):
+        s32 = s32 * g
+        s16 = pr.round_to(s16 * g)
+    assert abs(s32 - np.exp(-1.0)) < 1e-4 and s16 == 1.0
+
+
+def test_round_params_keeps_the_gate_parameters_in_float32():
+    p = L.init_gated_deltanet(L.GatedDeltaNetConfig(8, 2, 1, 4, 4), 0)
+    r = pr.round_params(p)
+    assert r["config"] is p["config"]
+    assert np.array_equal(r["A_log"], p["A_log"].astype(np.float32))
+    assert np.array_equal(pr.round_to(r["W_q"]), r["W_q"]) and not np.array_equal(r["W_q"], p["W_q"])
+
+
+def test_precision_refuses_bad_input_naming_it():
+    q, k, v, beta, log_gate = inputs(0, 5, 0.1)
+    with pytest.raises(ValueError, match="dtype"):
+        pr.round_to(q, np.float16)
+    with pytest.raises(ValueError, match="state_dtype"):
+        pr.gated_delta_rule_mixed(q, k, v, beta=beta, log_gate=log_gate, state_dtype="int8")
+    with pytest.raises(ValueError, match="form"):
+        pr.gated_delta_rule_mixed(q, k, v, beta=beta, log_gate=log_gate, form="parallel")
+    with pytest.raises(ValueError, match="T"):
+        pr.gated_delta_rule_mixed(q, k, v[..., :4, :], beta=beta, log_gate=log_gate)
+    with pytest.raises(ValueError, match="params"):
+        pr.round_params([1.0])
