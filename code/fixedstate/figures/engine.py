@@ -8,12 +8,17 @@ its PNGs with Pillow.
 
 Why no speed-up of its own: issue #29 allowed a hand-written PNG encoder and a
 cache of glyph pictures (which replaced private text routines of matplotlib)
-only if the live sliders missed 50 ms without them. ``make bench-figures`` on
-2 December 2026 without either showed every live slider's 95th percentile at or
-below 34 ms on a quiet machine (the slowest, chapter 5's ``draw_lab``); the
-figures that update in place keep what makes them fast here: a layout computed
-once, backgrounds kept per state of the axes, and only the changing artists
-(``changing``, the fields of ``text_fields``) drawn on an update.
+only if the live sliders missed 50 ms without them. They do not.
+``make bench-figures`` without either, on 2 December 2026: on a quiet machine
+every live slider's 95th percentile was at or below 34 ms (the slowest,
+chapter 5's ``draw_lab``, 32 ms); on the shared two-core machine the book is
+built on, under a load average of 25 to 30, the 95th percentile of an update's
+processor time (``cpu95``) was at most 38 ms (``draw_lab``; 28 ms with the two
+speed-ups; ``draw_four_writes``, whose updates are mostly text, changed most:
+12 ms with them, 30 ms without). What keeps
+the figures that update in place fast is here, on matplotlib's public API: a
+layout computed once, backgrounds kept per state of the axes, and only the
+changing artists (``changing``, the fields of ``text_fields``) drawn on an update.
 """
 
 from __future__ import annotations
