@@ -31,10 +31,7 @@ figures run as they do in a reader's kernel.
 Options: ``--steps N`` (positions per sweep, default 24), ``--repeats N``
 (sweeps per figure, default 1), ``--only TEXT`` (figures whose name contains
 TEXT), ``--target MS`` (the 95th percentile an update should stay under,
-default 50: figures above it are marked), ``--plain glyphs|png|both`` (live updates
-without the glyph cache, with Pillow's PNG encoder, or both,
-:func:`fixedstate.figures.engine.speed_ups`: the measurement that decides whether the
-package keeps them).
+default 50: figures above it are marked).
 """
 
 from __future__ import annotations
@@ -155,13 +152,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--only", default="")
     parser.add_argument("--target", type=float, default=50.0)
-    parser.add_argument("--plain", choices=["glyphs", "png", "both"], default=None)
     args = parser.parse_args()
 
-    if args.plain:   # without the glyph cache, the hand-written PNG encoder or both: what they save
-        figures.engine.speed_ups(glyph_cache=args.plain == "png", png_encoder=args.plain == "glyphs")
-        print(f"plain rendering ({args.plain}): the glyph cache {'on' if args.plain == 'png' else 'off'}, "
-              f"{'Pillow' if args.plain != 'glyphs' else 'the own'} PNG encoder", file=sys.stderr)
     figures.book_style()
     found = [f for f in book_figures(sorted((ROOT / "chapters").glob("*.ipynb"))) if args.only in f[0]]
     if not found:

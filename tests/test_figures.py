@@ -5,12 +5,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import io  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-
-from fixedstate.figures import engine, glyphs, png  # noqa: E402
 
 from fixedstate.figures import (bar_heights, book_style, figure_parts, figure_png, grid_size,  # noqa: E402
                                 interactive_figure)
@@ -423,57 +420,65 @@ def test_layer_diagrams_draw_every_box_and_refuse_an_unknown_layer():
         draw_layer("transformer")
 
 
-def test_text_fields_are_drawn_as_matplotlib_draws_them(monkeypatch):
-    # the fields are drawn from their kept place and kept glyph pictures; the pixels are those of Text.draw,
-    # also after the axes move (the place is worked out again)
-
-    def pictures():
-        fig, ax = new_figure(figsize=(3, 2))
-        ax.plot([0, 1], [0, 1])
-        fields = text_fields(ax, "error: linear {}, delta {}", ("0.00", "0.00"), fontsize=9)
-        out = []
-        for a, b in [("0.12", "1.00"), ("-0.5", "0.00"), ("0.12", "1.00"), ("gy", "")]:
-            fields[0].set_text(a)
-            fields[1].set_text(b)
-            out.append(render_png(fig))
-        ax.set_position([0.3, 0.2, 0.5, 0.5])
-        out.append(render_png(fig))
-        return out
-
-    fast = pictures()
-    monkeypatch.setattr(glyphs.TextCache, "draw_field", lambda self, renderer, text: text.draw(renderer))
-    usual = pictures()
-    assert fast == usual
-    assert len(set(fast)) == 4  # the pictures differ where the texts or the axes do
-    # without the glyph cache (matplotlib draws every text, at its exact sub-pixel place) and with Pillow's
-    # encoder: the same pictures to the eye, a few pixels of the glyphs' edges apart at most
-    engine.speed_ups(glyph_cache=False, png_encoder=False)
-    try:
-        plain = pictures()
-    finally:
-        engine.speed_ups()
-    for a, b in zip(fast, plain):
-        a, b = (np.frombuffer(_rgb_bytes(x), dtype=np.uint8) for x in (a, b))
-        assert a.shape == b.shape and np.mean(a != b) < 0.01
+def _canvas_rgb(fig) -> np.ndarray:
+    return np.asarray(fig.canvas.buffer_rgba())[:, :, :3].copy()
 
 
-def _rgb_bytes(png: bytes) -> bytes:
-    from PIL import Image
+def test_text_fields_drawn_over_the_kept_background_are_the_pixels_of_a_full_drawing():
+    # an update pastes the kept background and draws the fields over it; drawing the whole figure afresh,
+    # fields included, gives the same pixels, also after the axes move (a new background is drawn)
+    fig, ax = new_figure(figsize=(3, 2))
+    ax.plot([0, 1], [0, 1])
+    fields = text_fields(ax, "error: linear {}, delta {}", ("0.00", "0.00"), fontsize=9)
+    pictures = []
+    for a, b, position in [("0.12", "1.00", None), ("-0.5", "0.00", None), ("0.12", "1.00", None),
+                           ("gy", "", None), ("gy", "", [0.3, 0.2, 0.5, 0.5])]:
+        fields[0].set_text(a)
+        fields[1].set_text(b)
+        if position is not None:
+            ax.set_position(position)
+        pictures.append(render_png(fig))
+        updated = _canvas_rgb(fig)
+        assert np.array_equal(_pixels(pictures[-1]), updated), "the PNG holds the canvas's pixels"
+        for field in fields:
+            field.set_animated(False)
+        fig.canvas.draw()
+        for field in fields:
+            field.set_animated(True)
+        assert np.array_equal(updated, _canvas_rgb(fig)), f"fields {a!r}, {b!r}: the update differs from a full drawing"
+    assert pictures[0] == pictures[2] and len(set(pictures)) == 4  # the pictures differ where the texts or axes do
 
-    return Image.open(io.BytesIO(png)).convert("RGB").tobytes()
+
+def _png_chunks(data: bytes) -> list[bytes]:
+    import struct
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    kinds, at = [], 8
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at:at + 4])
+        kinds.append(data[at + 4:at + 8])
+        at += 12 + length
+    assert at == len(data) and kinds[-1] == b"IEND"
+    return kinds
 
 
 @pytest.mark.parametrize("colors", [None, 16])
-def test_the_own_png_encoder_writes_the_pictures_pillow_writes(colors):
-    rng = np.random.default_rng(3)
-    rgba = rng.integers(0, 256, (30, 41, 4), dtype=np.uint8)
-    rgba[:, :20] = rgba[0, 0]                                   # flat areas as well as noise
-    own = png.encode_png(rgba.tobytes(), (41, 30), colors)
-    pillow = png.encode_png_pillow(rgba.tobytes(), (41, 30), colors)
+def test_pictures_are_pngs_of_the_pixels_alone(colors):
+    # no time stamp, no software name, no text: the bytes depend on the pixels only (deterministic frames)
+    fig, ax = new_figure(figsize=(2, 1.5))
+    (line,) = ax.plot([0, 1], [0, 1])
+    ax.set_title("a title")
+    changing(fig, line)
+    picture = render_png(fig, colors=colors)
+    drawn = figure_png(draw(2, "y"), colors=colors)
+    for data in (picture, drawn):
+        assert set(_png_chunks(data)) <= {b"IHDR", b"PLTE", b"pHYs", b"IDAT", b"IEND"}  # pHYs: the dpi
+    pixels = _pixels(picture)
     if colors is None:
-        assert _rgb_bytes(own) == _rgb_bytes(pillow) == rgba[:, :, :3].tobytes()
+        assert np.array_equal(pixels, _canvas_rgb(fig))
     else:
-        assert len(set(_rgb_bytes(own)[i:i + 3] for i in range(0, 30 * 41 * 3, 3))) <= colors
+        assert len(np.unique(pixels.reshape(-1, 3), axis=0)) <= colors
+    assert render_png(fig, colors=colors) == picture  # the same figure, the same bytes
 
 # ----------------------------------------------------------------------------- the figures of chapters 1, 2, 4, 6
 

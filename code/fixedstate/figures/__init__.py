@@ -11,9 +11,8 @@ One submodule per chapter module holds that chapter's drawing functions:
 - :mod:`fixedstate.figures.hybrid`: ``stack_memory_gib``, ``draw_memory`` (chapter 6).
 
 The helpers below serve every chapter (the drawing engine,
-:mod:`fixedstate.figures.engine`, re-exported here; the glyph cache and the PNG
-encoder of live updates in :mod:`fixedstate.figures.glyphs` and
-:mod:`fixedstate.figures.png`): :func:`book_style`,
+:mod:`fixedstate.figures.engine`, re-exported here; it draws with matplotlib's
+public API and writes PNGs with Pillow): :func:`book_style`,
 :func:`interactive_figure`, :func:`grid_size`, :func:`figure_png`, and for the
 figures that update in place :func:`new_figure`, :func:`figure_parts`,
 :func:`changing`, :func:`bar_collection` (with :func:`set_bar_heights`,
@@ -69,10 +68,8 @@ it builds the figure, with :func:`keep_background`. Anything else an update
 changes must be registered with :func:`changing`. The layout
 (constrained layout) is computed on the first drawing and then kept, so the
 axes do not move between updates or frames. Text is what matplotlib draws
-slowest: the changing texts are drawn with their layouts and glyph pictures
-kept from one update to the next, and :func:`text_fields` redraws only the
-numbers of a line of text (each field from its place in pixels and its
-strings' glyph pictures, kept: no layout by matplotlib on an update).
+slowest: :func:`text_fields` keeps the words of a line of text in the
+background and redraws only its numbers.
 
 Live updates: continuous or on release
 --------------------------------------

@@ -2,10 +2,23 @@
 
 What :mod:`fixedstate.figures` describes (the two modes, updatable drawing
 functions, live updates) is implemented here; the package re-exports the public
-names. The two speed-ups of a live update live in modules of their own: the
-glyph cache (:mod:`fixedstate.figures.glyphs`) and the PNG encoder
-(:mod:`fixedstate.figures.png`); :func:`speed_ups` turns them off and on, for the
-comparison ``make bench-figures --plain`` makes.
+names. It draws with matplotlib's public API alone (the Agg canvas, its
+``copy_from_bbox`` and ``restore_region`` for the kept backgrounds) and writes
+its PNGs with Pillow.
+
+Why no speed-up of its own: issue #29 allowed a hand-written PNG encoder and a
+cache of glyph pictures (which replaced private text routines of matplotlib)
+only if the live sliders missed 50 ms without them. They do not.
+``make bench-figures`` without either, on 2 December 2026: on a quiet machine
+every live slider's 95th percentile was at or below 34 ms (the slowest,
+chapter 5's ``draw_lab``, 32 ms); on the shared two-core machine the book is
+built on, under a load average of 25 to 30, the 95th percentile of an update's
+processor time (``cpu95``) was at most 38 ms (``draw_lab``; 28 ms with the two
+speed-ups; ``draw_four_writes``, whose updates are mostly text, changed most:
+12 ms with them, 30 ms without). What keeps
+the figures that update in place fast is here, on matplotlib's public API: a
+layout computed once, backgrounds kept per state of the axes, and only the
+changing artists (``changing``, the fields of ``text_fields``) drawn on an update.
 """
 
 from __future__ import annotations
@@ -22,9 +35,6 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .glyphs import FIELD, TEXT_CACHE
-from .png import encode_png, encode_png_pillow
-
 __all__ = ["book_style", "interactive_figure", "figure_png", "render_png", "new_figure", "changing",
            "text_fields", "bar_collection", "set_bar_heights", "bar_heights", "figure_parts", "live_update",
            "keep_background",
@@ -36,21 +46,6 @@ _ENV = "FIXEDSTATE_FIGURES"
 _CHANGING = "_fixedstate_changing"
 _PARTS = "_fixedstate_parts"
 _RENDERER = "_fixedstate_renderer"
-_ENCODER = [encode_png]   # the PNG encoder of live updates (speed_ups chooses it)
-
-
-def speed_ups(*, glyph_cache: bool = True, png_encoder: bool = True) -> None:
-    """Choose the speed-ups live updates use: the glyph cache, the hand-written PNG encoder (both by default).
-
-    Internal (outside ``__all__``): ``make bench-figures`` measures the sliders with
-    and without them (``benchmarks/figures_bench.py --plain glyphs|png|both``), which is
-    what keeps them in the package (see :mod:`fixedstate.figures.png` and
-    :mod:`fixedstate.figures.glyphs`). Without the glyph cache matplotlib draws every
-    text itself; without the encoder Pillow writes the PNG. The pictures look the same
-    (the tests compare them).
-    """
-    TEXT_CACHE.enabled = bool(glyph_cache)
-    _ENCODER[0] = encode_png if png_encoder else encode_png_pillow
 
 
 def book_style() -> None:
@@ -78,6 +73,23 @@ def book_style() -> None:
 
 # ----------------------------------------------------------------------------- pictures
 
+def _png(image, colors: int | None) -> bytes:
+    """PNG bytes of a Pillow RGB ``image``: on an adaptive palette of ``colors`` colours, or fast (``None``).
+
+    Pillow writes no time stamp and no name of the software, so the bytes depend
+    on the pixels alone (the stored frames of the notebooks stay the same from
+    one machine to the next).
+    """
+    from PIL import Image
+
+    out = io.BytesIO()
+    if not colors:
+        image.save(out, format="png", compress_level=1)
+    else:
+        image.quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(out, format="png", optimize=True)
+    return out.getvalue()
+
+
 def figure_png(fig, *, dpi: int = 80, colors: int | None = 128) -> bytes:
     """Render a matplotlib figure to PNG bytes and close it.
 
@@ -90,15 +102,13 @@ def figure_png(fig, *, dpi: int = 80, colors: int | None = 128) -> bytes:
     from PIL import Image
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, **({} if colors else {"pil_kwargs": {"compress_level": 1}}))
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None},
+                **({} if colors else {"pil_kwargs": {"compress_level": 1}}))
     plt.close(fig)
     if not colors:
         return buf.getvalue()
     buf.seek(0)
-    img = Image.open(buf).convert("RGB").quantize(colors=colors, method=Image.Quantize.MEDIANCUT)
-    out = io.BytesIO()
-    img.save(out, format="png", optimize=True)
-    return out.getvalue()
+    return _png(Image.open(buf).convert("RGB"), colors)
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, **subplots_kw):
@@ -231,7 +241,6 @@ def text_fields(ax, template: str, widest: Sequence[str], *, xy=(0.5, 1.0), xyco
                              textcoords="offset points", ha="left", va="baseline", **text_kw)
         if is_field:
             fields.append(artist)
-            setattr(artist, FIELD, {})  # drawn by TextCache.draw_field: its place in pixels is kept
     changing(fig, *fields)
     return fields
 
@@ -288,22 +297,16 @@ class _Renderer:
         else:
             self.backgrounds.move_to_end(key)
             canvas.restore_region(background)
-        renderer = canvas.get_renderer()
-        cached = TEXT_CACHE.install(renderer)
-        try:
-            for artist in moving:
-                if artist.get_visible() and artist.figure is fig:
-                    if cached and hasattr(artist, FIELD):
-                        TEXT_CACHE.draw_field(renderer, artist)
-                    else:
-                        fig.draw_artist(artist)
-        finally:
-            if cached:
-                TEXT_CACHE.uninstall(renderer)
+        for artist in moving:
+            if artist.get_visible() and artist.figure is fig:
+                fig.draw_artist(artist)
 
     def png(self, colors: int | None) -> bytes:
+        from PIL import Image
+
         self.draw()
-        return _ENCODER[0](self.canvas.buffer_rgba(), self.canvas.get_width_height(physical=True), colors)
+        return _png(Image.frombuffer("RGBA", self.canvas.get_width_height(physical=True), self.canvas.buffer_rgba(),
+                                     "raw", "RGBA", 0, 1).convert("RGB"), colors)
 
 
 def _renderer_of(fig) -> _Renderer:
