@@ -94,6 +94,13 @@ def main(argv=None):
 def budget(rows, settings, *, cores, minutes, print_line=print):
     """Print the sweep's budget from calibration ``rows``; return the steps per run that fit."""
     speed = {(r["mixer"], r["seq_len"], r["d_model"]): r for r in rows}
+    for m in settings["mixers"]:             # a row not measured: the slowest mixer's at that length and width
+        for T, _ in settings["lengths"]:
+            for d in settings["d_models"]:
+                if (m, T, d) not in speed:
+                    others = [r for r in rows if (r["seq_len"], r["d_model"]) == (T, d)]
+                    speed[(m, T, d)] = {k: max(r[k] for r in others) for k in ("step", "projected")}
+                    print_line(f"({m} at T = {T}, d = {d} not measured: the slowest measured mixer's time stands in)")
     longest = tuple(settings["tune_length"])
     print_line(f"{'mixer':>12s} {'T':>4s} {'runs':>5s} {'s/step now':>11s} {'projected':>10s}  (mean over widths)")
     per_step_now = per_step = 0.0

@@ -770,13 +770,16 @@ RECALL_SWEEP = {
     "margin": 3.0,
 }
 
-# The quick subset (make experiment-quick, under 10 minutes on the two-core machine): four
-# mixers, two widths, the short length T = 32 with 8 pairs (where the pilot's softmax
-# attention solves the task in 150 steps of batch 64), five seeds, the same protocol.
+# The quick subset (make experiment-quick): three mixers (attention, its window, the hybrid
+# with its ablation) at one width, the short length T = 32 with 8 pairs (where the pilot's
+# softmax attention solves the task in 150 steps of batch 64), five seeds, the same
+# protocol: 9 tuning runs (and up to 3 more where a grid is widened) and 15 sweep runs. A
+# run took 60-75 s on the two-core machine while four other sessions loaded it (load
+# average above 20), so about 15 minutes there; a few minutes on an idle one.
 RECALL_QUICK = {
     "name": "recall-quick",
-    "mixers": (SOFTMAX, SWA, GATED_DELTA, HYBRID),
-    "d_models": (8, 16),
+    "mixers": (SOFTMAX, SWA, HYBRID),
+    "d_models": (16,),
     "lengths": ((32, 8),),
     "seeds": (0, 1, 2, 3, 4),
     "steps": 150,
