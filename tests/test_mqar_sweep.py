@@ -28,6 +28,7 @@ from fixedstate import training as tr
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
+import mqar_calibrate  # noqa: E402
 import mqar_sweep  # noqa: E402
 
 TINY = {"mixers": ["softmax", "gated_delta"], "d_models": [4], "lengths": [[16, 4]], "tune_length": [16, 4],
@@ -118,7 +119,6 @@ def test_a_two_worker_dask_cluster_gives_the_same_records(tmp_path, straight):
 QUICK = ROOT / "results" / "mqar_quick.json"
 
 
-@pytest.mark.skipif(not QUICK.exists(), reason="results/mqar_quick.json not written yet (make experiment-quick)")
 def test_the_stored_quick_sweep_reproduces_and_its_summaries_follow_from_its_runs():
     stored = json.loads(QUICK.read_text())
     prov = stored["provenance"]
@@ -142,3 +142,16 @@ def test_the_stored_quick_sweep_reproduces_and_its_summaries_follow_from_its_run
         m, d = key.split("|")
         tuning = [r for r in stored["tuning"] if (r["mixer"], str(r["d_model"])) == (m, d)]
         assert st.choose_lr(tuning)[0] == lr
+
+
+def test_the_budget_is_runs_times_steps_times_seconds_over_cores():
+    settings = {"mixers": ["softmax", "linear"], "lengths": [(8, 2), (16, 4)], "tune_length": (16, 4),
+                "d_models": [4, 8], "seeds": [0, 1, 2], "lr_grid": [1, 2], "steps": 10}
+    rows = [{"mixer": m, "seq_len": T, "d_model": d, "step": 2.0 * T, "projected": 1.0 * T}
+            for m in settings["mixers"] for T in (8, 16) for d in (4, 8) if (m, T, d) != ("linear", 16, 8)]
+    lines = []
+    steps = mqar_calibrate.budget(rows, settings, cores=2, minutes=100, print_line=lines.append)
+    # per mixer: 3 seeds x 2 widths at T = 8, (3 + 2) x 2 widths at T = 16; linear's missing row takes softmax's
+    per_step = 2 * (3 * 2 * 8 + 5 * 2 * 16)
+    assert steps == 12000 // per_step == 28 and any("not measured" in line for line in lines)
+    assert f"{per_step} projected" in lines[-1]

@@ -733,21 +733,25 @@ def swa_window(d_model) -> int:
 # and width on its own seed at the longest length, on a grid widened where the choice
 # sits at an edge.
 #
-# Budget (tools/mqar_calibrate.py, one process, one BLAS thread, batch 64, on the shared
-# two-core machine while four other sessions used it, so upper bounds; the full table is
-# results/mqar_calibration.json and the report of the session that wrote it): one step of
-# the model's forward costs about 0.01-0.05 s at T = 64 and 0.03-0.2 s at T = 128 over the
-# widths 8-64; with a backward about twice the forward (the chunkwise backward passes the
-# sweep waits for; today's token-by-token backward passes cost up to 10x more), a step is
-# three forwards. The sweep is 7 x 4 x 3 = 84 tuning runs at T = 128 and 7 x 4 x 5 = 140
-# runs at each length: at those speeds 90 minutes on two cores (10,800 core-seconds) buy
-# about 150 steps of batch 64 per run (steps below). What that cost: the pilots
-# (softmax attention, d = 32, batch 64, lr 3e-2) solve T = 32 with 8 pairs in 150 steps
-# but stay on the uniform-value plateau (loss ln 64) at T = 128 with 32 pairs after 150
-# steps, and at T = 64 with 16 pairs after 800 steps of batch 16. At this budget the
-# longest setting is not learned even by attention: the sweep as written would measure
-# the plateau, not the frontier. It needs the faster backward passes, a cluster
-# (tools/mqar_sweep.py --engine dask) or a longer budget before it can answer the question.
+# Budget (tools/mqar_calibrate.py; results/mqar_calibration.json; `tools/mqar_calibrate.py
+# --budget results/mqar_calibration.json` prints the table): one process, one BLAS thread,
+# batch 64, timed on the shared two-core machine while other sessions loaded it (load
+# average 8-24), so upper bounds, likely 2-5x an idle machine's. The model's forward took
+# 0.04-0.2 s at T = 64 and 0.08-0.8 s at T = 128 over the widths 8-64; a whole step today
+# (with the token-by-token backward passes of the delta rule family, linear attention and
+# the SSD) up to 25 s. Assumed: the chunkwise backward passes bring a step to three
+# forwards (a backward about twice the forward). The sweep is 7 x 4 x 3 = 84 tuning runs
+# at T = 128 and 7 x 4 x 5 = 140 runs at each length; one step of every run then costs
+# 240 core-seconds projected (1,114 today), so 90 minutes on two cores (10,800
+# core-seconds) buy 45 steps per run at those speeds, and the 150 steps below take about
+# 300 minutes projected (60-150 if an idle machine is 2-5x faster). The 150 steps are what the pilots
+# showed the smallest setting needs: softmax attention (d = 16, batch 64, lr 3e-2) solves
+# T = 32 with 8 pairs in 150 steps; at T = 128 with 32 pairs (d = 32) it was still on the
+# uniform-value plateau (loss ln 64) after 150 steps, as at T = 64 with 16 pairs after 800
+# steps of batch 16. So the minimums do not fit 90 minutes on this machine at a
+# number of steps that learns: what 90 minutes buy here is the plateau, not the frontier.
+# The sweep needs the faster backward passes and more cores (tools/mqar_sweep.py --engine
+# dask on a cluster), or a longer budget, before it can answer the question.
 RECALL_SWEEP = {
     "name": "recall",
     "mixers": (SOFTMAX, SWA, LINEAR, DELTA, GATED_DELTA, SSD, HYBRID),
