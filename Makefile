@@ -37,7 +37,9 @@ help:
 	@echo "make student-kit   one zip for students: chapter and exercise notebooks, the package wheel, pinned requirements"
 	@echo "make grade         grade a folder of exercise notebooks, each sealed in a sandbox: make grade SUBMISSIONS=<folder>"
 	@echo "make grade-attack-test  grade the attack class next to honest students and check that nothing leaked"
-	@echo "make experiment    train the tiny models of chapter 9 on MQAR (about 10 min on a 2-core machine); writes results/mqar_sweep.json"
+	@echo "make experiment    chapter 9's recall-against-state sweep on every core (SWEEP_ARGS='--engine dask ...' for a cluster); writes results/mqar_recall.json"
+	@echo "make experiment-quick  its quick subset (under 10 min on a 2-core machine); writes results/mqar_quick.json"
+	@echo "make experiment-small  chapter 9's first, small sweep (about 40 min); writes results/mqar_sweep.json"
 	@echo "make experiment-ssd  chapter 9's pre-registered follow-up: the SSD with its step initialised at 0.01 (a few min); writes results/mqar_ssd_followup.json"
 
 venv: $(STAMP)
@@ -45,7 +47,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml requirements-lock.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
-	$(BIN)/python -m pip install --quiet -c requirements-lock.txt -e ".[book,test]"
+	$(BIN)/python -m pip install --quiet -c requirements-lock.txt -e ".[book,test,sweep]"
 	touch $(STAMP)
 
 assets: $(ASSET_STAMP)
@@ -244,10 +246,23 @@ bench-figures: $(STAMP)
 clean:
 	rm -rf _build
 
-# Chapter 9's experiment: tiny models trained on MQAR, every mixer x width x pair count x seed
-# (42 minutes on a shared two-core machine). Writes results/mqar_sweep.json, which the chapter plots.
-.PHONY: experiment
+# Chapter 9's recall-against-state sweep (issue 30; fixedstate.training.RECALL_SWEEP): seven mixers x four
+# widths x two lengths x five seeds after a tuning stage, on every local core (tools/mqar_sweep.py; add
+# SWEEP_ARGS="--engine dask --scheduler tcp://host:8786" for a dask.distributed cluster, or "--engine dask
+# --workers N" for a local one). Resumes from its store (_build/sweeps/) if stopped. Writes
+# results/mqar_recall.json. experiment-quick: the subset RECALL_QUICK, a few minutes; results/mqar_quick.json.
+SWEEP_ARGS ?=
+.PHONY: experiment experiment-quick experiment-small
 experiment: $(STAMP)
+	$(BIN)/python tools/mqar_sweep.py --settings full --out results/mqar_recall.json $(SWEEP_ARGS)
+
+experiment-quick: $(STAMP)
+	$(BIN)/python tools/mqar_sweep.py --settings quick --out results/mqar_quick.json $(SWEEP_ARGS)
+
+# Chapter 9's first, small experiment (fixedstate.training.SWEEP: T = 32, vocabulary 32, widths 8 and 16,
+# 4 or 8 pairs, 3 seeds; 42 minutes on a shared two-core machine). Writes results/mqar_sweep.json, which the
+# chapter plots until it is rewritten around the recall sweep.
+experiment-small: $(STAMP)
 	$(BIN)/python tools/mqar_experiment.py --out results/mqar_sweep.json
 
 # Chapter 9's pre-registered follow-up: the SSD alone, its step initialised at 0.01, the sweep's

@@ -211,3 +211,50 @@ def test_flop_counts_scale_as_stated():
 
 
 # --------------------------------------------------------------------------- Mamba-2's chunked algorithm (#16)
+
+
+# ----------------------------------------------------------------- the state at the end of a sequence (chapter 9)
+
+def test_layer_state_bytes_per_kind_of_layer():
+    from fixedstate.costs import layer_state_bytes, model_state_bytes
+
+    for layer in ("linear", "delta", "gated_delta", "kda", "ssd", "ssm"):
+        assert layer_state_bytes(layer, seq_len=128, d_k=16, d_v=8, n_heads=2) == 2 * 16 * 8 * 4
+        assert layer_state_bytes(layer, seq_len=1, d_k=16, d_v=8) == layer_state_bytes(layer, seq_len=999, d_k=16,
+                                                                                       d_v=8)
+    assert layer_state_bytes("softmax", seq_len=128, d_k=16, d_v=8, bytes_per_element=2) == 128 * 24 * 2
+    assert layer_state_bytes("softmax", seq_len=128, d_k=16, d_v=8) == costs.kv_cache_bytes(
+        128, head_dim=16, bytes_per_element=4) - 128 * 8 * 4            # values of width 8, not 16
+    # the window cache: the last window - 1 tokens, never more than the sequence
+    assert layer_state_bytes("swa", seq_len=128, d_k=16, d_v=16, window=9) == 8 * 32 * 4
+    assert layer_state_bytes("swa", seq_len=4, d_k=16, d_v=16, window=9) == 4 * 32 * 4
+    assert layer_state_bytes("swa", seq_len=4, d_k=16, d_v=16, window=1) == 0
+    # the swa width rule of the sweep gives it the fixed state's size
+    from fixedstate.training import swa_window
+    for d in (8, 16, 32, 64):
+        assert layer_state_bytes("swa", seq_len=128, d_k=d, d_v=d, window=swa_window(d)) == \
+            layer_state_bytes("gated_delta", seq_len=128, d_k=d, d_v=d)
+    assert model_state_bytes(("gated_delta", "softmax"), seq_len=64, d_k=8, d_v=8) == (64 + 64 * 16) * 4
+    assert model_state_bytes(("swa", "swa"), seq_len=64, d_k=8, d_v=8, window=3) == 2 * 2 * 16 * 4
+
+
+@pytest.mark.parametrize("kw, name", [
+    ({"layer_id": "hybrid"}, "layer_id"), ({"layer_id": "lstm"}, "layer_id"),
+    ({"layer_id": "swa"}, "window"), ({"layer_id": "softmax", "window": 4}, "window"),
+    ({"layer_id": "swa", "window": 0}, "window"), ({"layer_id": "linear", "d_k": 0}, "d_k"),
+    ({"layer_id": "linear", "bytes_per_element": -2}, "bytes_per_element"),
+    ({"layer_id": "linear", "seq_len": [1, 2]}, "seq_len")])
+def test_layer_state_bytes_bad_input_names_the_argument(kw, name):
+    from fixedstate.costs import layer_state_bytes
+
+    args = {"seq_len": 8, "d_k": 4, "d_v": 4, **kw}
+    with pytest.raises(ValueError, match=name):
+        layer_state_bytes(args.pop("layer_id"), **args)
+
+
+def test_model_state_bytes_wants_layers():
+    from fixedstate.costs import model_state_bytes
+
+    for bad in ("softmax", [], None):
+        with pytest.raises(ValueError, match="layers"):
+            model_state_bytes(bad, seq_len=8, d_k=4, d_v=4)

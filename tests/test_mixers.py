@@ -29,6 +29,11 @@ def inputs(layer_id, lead=(2,), T=7, d=3, seed=0):
     return q, k, v, {g: values[g](shapes[g]) for g in entry.gates}
 
 
+def opts(layer_id):
+    """The keyword arguments an entry's ``options`` name: sliding-window attention's window (smaller than T)."""
+    return {"window": 3} if "window" in mixers.mixer(layer_id).options else {}
+
+
 def test_the_table_is_keyed_by_layer_ids_and_refuses_others():
     assert set(mixers.MIXERS) <= set(layer_ids.LAYER_IDS)
     assert all(m.layer_id == key for key, m in mixers.MIXERS.items())
@@ -60,14 +65,14 @@ def test_one_token_at_a_time_equals_the_sequence(layer_id):
     q, k, v, g = inputs(layer_id, seed=1)
     entry = mixers.mixer(layer_id)
     scale = 0.6 if layer_id != "ssd" else 1.0
-    whole, final = entry.forward(q, k, v, g, scale=scale, chunk_size=4)
+    whole, final = entry.forward(q, k, v, g, scale=scale, chunk_size=4, **opts(layer_id))
     cache, steps = None, []
     for t in range(q.shape[-2]):
         g_t = {name: (a if np.ndim(a) == 0 else a[:, t]) for name, a in g.items()}
-        out, cache = entry.step(q[:, t], k[:, t], v[:, t], g_t, cache, scale=scale)
+        out, cache = entry.step(q[:, t], k[:, t], v[:, t], g_t, cache, scale=scale, **opts(layer_id))
         steps.append(out)
     np.testing.assert_allclose(np.stack(steps, axis=-2), whole, rtol=1e-12, atol=1e-12)
-    if layer_id == "softmax":                       # the KV cache holds every key and value
+    if layer_id in ("softmax", "swa"):              # the KV cache (the window's) holds keys and values
         np.testing.assert_array_equal(cache.keys, final.keys)
         np.testing.assert_array_equal(cache.values, final.values)
     else:
@@ -82,9 +87,10 @@ def test_forward_continues_from_the_state_it_returned(layer_id):
 
     def part(sl, state):
         g_part = {name: (a if np.ndim(a) == 0 else a[:, sl]) for name, a in g.items()}
-        return entry.forward(q[:, sl], k[:, sl], v[:, sl], g_part, scale=scale, chunk_size=4, initial_state=state)
+        return entry.forward(q[:, sl], k[:, sl], v[:, sl], g_part, scale=scale, chunk_size=4, initial_state=state,
+                             **opts(layer_id))
 
-    whole, _ = entry.forward(q, k, v, g, scale=scale, chunk_size=4)
+    whole, _ = entry.forward(q, k, v, g, scale=scale, chunk_size=4, **opts(layer_id))
     first, state = part(slice(0, 5), None)
     second, _ = part(slice(5, 9), state)
     np.testing.assert_allclose(np.concatenate([first, second], axis=-2), whole, rtol=1e-12, atol=1e-12)
@@ -100,10 +106,10 @@ def test_backward_matches_finite_differences(layer_id):
 
     def f(**a):
         return entry.forward(a["q"], a["k"], a["v"], {n: a[n] for n in entry.gates}, scale=scale,
-                             chunk_size=2)[0]
+                             chunk_size=2, **opts(layer_id))[0]
 
     def grads(d_out):
-        dq, dk, dv, d_gates = entry.backward(q, k, v, g, d_out, scale=scale)
+        dq, dk, dv, d_gates = entry.backward(q, k, v, g, d_out, scale=scale, **opts(layer_id))
         return {"q": dq, "k": dk, "v": dv, **{n: np.reshape(d_gates[n], np.shape(g[n])) for n in entry.gates}}
 
     assert check(f, arrays, grads) <= BOUND

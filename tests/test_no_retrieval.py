@@ -209,3 +209,27 @@ def test_standard_error_falls_as_the_batch_grows_and_needs_two_sequences():
     assert 2.5 < small / large < 6.5                 # about sqrt(16) = 4
     with pytest.raises(ValueError, match="batch: expected at least two sequences"):
         no_retrieval_se(make_mqar(1, 32, 8, 32, rng=np.random.default_rng(5)))
+
+
+# ----------------------------------------------------------------------------- Zoology's draw: distinct values
+
+def test_distinct_values_draws_each_sequences_values_without_repeats_and_keeps_the_default_draw():
+    batch = make_mqar(50, 40, 12, 60, rng=3, distinct_values=True)
+    for row in batch.tokens:
+        values = row[1:24:2]
+        assert len(set(values.tolist())) == 12 and np.all(np.isin(values, batch.value_tokens))
+    plain = make_mqar(20, 40, 12, 60, rng=5)
+    again = make_mqar(20, 40, 12, 60, rng=5, distinct_values=False)
+    np.testing.assert_array_equal(plain.tokens, again.tokens)
+    with pytest.raises(ValueError, match="distinct_values"):
+        make_mqar(2, 20, 4, 40, distinct_values=1)
+
+
+@pytest.mark.parametrize("n_pairs, n_queries", [(1, None), (8, None), (32, None), (32, 16)])
+def test_the_baseline_with_distinct_values_is_the_harmonic_sum_and_the_batches_own(n_pairs, n_queries):
+    m = n_pairs if n_queries is None else n_queries
+    exact = no_retrieval_accuracy(128, n_pairs, n_queries=n_queries, distinct_values=True)
+    assert abs(exact - sum(1 / (n_pairs - j) for j in range(m)) / m) < 1e-15
+    batch = make_mqar(40, 128, n_pairs, 4 * n_pairs + 4, n_queries=n_queries, rng=1, distinct_values=True)
+    # with distinct values every sequence scores the same: the batch's exact score is the expectation
+    assert abs(no_retrieval_score(batch) - exact) < 1e-12

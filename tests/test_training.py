@@ -77,7 +77,8 @@ def test_adam_clips_the_global_norm_and_checks_its_arguments():
 
 @pytest.mark.parametrize("mixer", sorted(tr.MODEL_LAYERS))
 def test_model_gradient_matches_finite_differences(mixer):
-    config = tr.ModelConfig(mixer, vocab_size=9, d_model=4, d_ff=5, conv_size=3)
+    config = tr.ModelConfig(mixer, vocab_size=9, d_model=4, d_ff=5, conv_size=3,
+                            window=3 if mixer == "swa" else None)          # a window shorter than the 9 tokens
     params = tr.init_model(config, 1)
     rng = np.random.default_rng(2)
     for name in params:                              # move away from the symmetric start (ones, zeros)
@@ -218,3 +219,88 @@ def test_one_configuration_of_the_followup_reproduces_its_stored_accuracy():
                and r["n_pairs"] == min(s["n_pairs"]) and r["seed"] == 0)
     again = tr.run_config(run["mixer"], run["d_model"], run["n_pairs"], run["seed"], run["lr"], s)
     assert abs(again["test_accuracy"] - run["test_accuracy"]) <= TOLERANCE
+
+
+# ----------------------------------------------------------------------------- the recall sweep (issue 30)
+
+def test_a_window_is_required_by_swa_and_checked():
+    with pytest.raises(ValueError, match="window"):
+        tr.ModelConfig("swa", vocab_size=9, d_model=4)
+    with pytest.raises(ValueError, match="window"):
+        tr.ModelConfig("swa", vocab_size=9, d_model=4, window=0)
+    assert tr.ModelConfig("swa", vocab_size=9, d_model=4, window=2).options("swa") == {"window": 2}
+    assert tr.ModelConfig("softmax", vocab_size=9, d_model=4).options("softmax") == {}
+
+
+def test_swa_with_a_window_of_the_whole_sequence_is_the_softmax_model():
+    tokens, targets = tr.mqar_data(2, vocab_size=9, n_pairs=2, seq_len=9, rng=3)
+    soft = tr.ModelConfig("softmax", vocab_size=9, d_model=4)
+    swa = tr.ModelConfig("swa", vocab_size=9, d_model=4, window=9)
+    params = tr.init_model(soft, 0)
+    assert set(params) == set(tr.init_model(swa, 0))
+    np.testing.assert_allclose(tr.model_forward(params, swa, tokens)[0], tr.model_forward(params, soft, tokens)[0],
+                               rtol=1e-13, atol=1e-13)
+
+
+def test_zeroing_a_core_is_the_model_with_that_layers_mixer_writing_nothing():
+    config = tr.ModelConfig("hybrid", vocab_size=9, d_model=4)
+    params = tr.init_model(config, 0)
+    tokens, targets = tr.mqar_data(3, vocab_size=9, n_pairs=2, seq_len=9, rng=3)
+    silent = dict(params)
+    silent["layers.1.W_o"] = np.zeros_like(params["layers.1.W_o"])    # W_o applied to a zero core output
+    np.testing.assert_allclose(tr.model_forward(params, config, tokens, zero_cores=(1,))[0],
+                               tr.model_forward(silent, config, tokens)[0], rtol=1e-14, atol=1e-14)
+    assert not np.allclose(tr.model_forward(params, config, tokens, zero_cores=(0,))[0],
+                           tr.model_forward(params, config, tokens)[0])
+    assert tr.evaluate(params, config, tokens, targets, zero_cores=()) == tr.evaluate(params, config, tokens, targets)
+    for bad in ((2,), (-1,), 1, (True,)):
+        with pytest.raises(ValueError, match="zero_cores"):
+            tr.model_forward(params, config, tokens, zero_cores=bad)
+
+
+def test_the_mamba2_initialisation_of_the_ssd():
+    config = tr.ModelConfig("ssd", vocab_size=9, d_model=4)
+    a_logs, steps = [], []
+    for seed in range(200):
+        p = tr.init_model(config, seed, ssd_init="mamba2")
+        a_logs += [p["layers.0.A_log"][0], p["layers.1.A_log"][0]]
+        steps += [float(np.log1p(np.exp(p["layers.0.dt_bias"][0]))), float(np.log1p(np.exp(p["layers.1.dt_bias"][0])))]
+    A, steps = np.exp(a_logs), np.array(steps)
+    assert 1 <= A.min() and A.max() <= 16 and A.max() - A.min() > 12                   # U(1, 16)
+    assert 1e-3 * (1 - 1e-9) <= steps.min() and steps.max() <= 0.1 * (1 + 1e-9)        # log-uniform in [1e-3, 0.1]
+    assert abs(np.mean(np.log(steps)) - 0.5 * (np.log(1e-3) + np.log(0.1))) < 0.3
+    unit = tr.init_model(config, 0)
+    assert unit["layers.0.A_log"][0] == 0 and unit["layers.0.dt_bias"][0] == 0
+    with pytest.raises(ValueError, match="ssd_init"):
+        tr.init_model(config, 0, ssd_init="s4d")
+    with pytest.raises(ValueError, match="ssd_dt_init"):
+        tr.init_model(config, 0, ssd_init="mamba2", ssd_dt_init=0.01)
+
+
+def test_the_recall_sweeps_meet_the_issues_minimums():
+    s = tr.RECALL_SWEEP
+    assert set(s["mixers"]) == {"softmax", "swa", "linear", "delta", "gated_delta", "ssd", "hybrid"}
+    assert len(s["d_models"]) >= 4 and len(s["lengths"]) >= 2 and len(s["seeds"]) >= 5
+    assert max(n for _, n in s["lengths"]) >= 32 and s["vocab_size"] >= 128 and s["distinct_values"]
+    assert s["ssd_init"] == "mamba2" and s["tune_seed"] not in s["seeds"] and len(s["lr_grid"]) >= 3
+    assert tuple(s["tune_length"]) == max(tuple(x) for x in s["lengths"])
+    q = tr.RECALL_QUICK
+    assert set(q["mixers"]) <= set(s["mixers"]) and q["tune_seed"] not in q["seeds"]
+
+
+def test_recall_runs_are_listed_once_each_and_a_run_is_deterministic():
+    s = {**tr.RECALL_QUICK, "mixers": ("swa", "hybrid"), "d_models": (4,), "lengths": ((16, 4),),
+         "tune_length": (16, 4), "seeds": (0, 1), "steps": 6, "n_test": 8}
+    tune = tr.recall_tuning_runs(s)
+    main = tr.recall_main_runs(s, {("swa", 4): 1e-2, ("hybrid", 4): 3e-2})
+    keys = [tr.run_key(r) for r in tune + main]
+    assert len(keys) == len(set(keys)) == 2 * len(s["lr_grid"]) + 2 * 2
+    first, again = tr.recall_run(main[-1]), tr.recall_run(main[-1])
+    assert first["mixer"] == "hybrid" and first["key"] == tr.run_key(main[-1])
+    for name in ("test_accuracy", "final_loss", "ablation", "state_bytes"):
+        assert first[name] == again[name]
+    assert set(first["ablation"]) == {"0", "1"}
+    swa = tr.recall_run(main[0])
+    assert swa["window"] == tr.swa_window(4) == 3 and swa["ablation"] is None
+    base = tr.recall_baseline(s, (16, 4))
+    assert abs(base["test_set"] - base["expected"]) < 4 * base["test_set_se"] + 0.05

@@ -61,10 +61,11 @@ TOOLS = {"test": ("pytest", "hypothesis", "nbval", "pytest-xdist"), "book": ("my
 #: Left out: tests of the book's own tools, which run in the book's environment, not a student's, and which
 #: make test runs there: the kit and the site's downloads (the kit's requirements.txt is read off the
 #: installed JupyterLab and the lock), the instructor's grader (its sandbox runs the book's venv), and the
-#: notebooks' MyST form (tools/sphinx_ext, which needs the book's build tools).
+#: notebooks' MyST form (tools/sphinx_ext, which needs the book's build tools), and chapter 9's sweep engine
+#: (tools/mqar_sweep.py, whose cluster test needs dask.distributed, pyproject's extra ``sweep``).
 BOOK_ENVIRONMENT_TESTS = ("tests/test_kit.py", "tests/test_grade.py", "tests/test_grade_course.py",
                           "tests/test_grade_hidden.py", "tests/test_grade_attack.py",
-                          "tests/test_notebook_portability.py")
+                          "tests/test_notebook_portability.py", "tests/test_mqar_sweep.py")
 #: What the unit tests import from tools/ that no extra pins (their versions are whatever pip resolves).
 EXTRA_TEST_DEPS = ("PyYAML", "nbclient", "nbformat")
 

@@ -20,6 +20,8 @@ One module per idea, named after the chapter that explains it:
   and its all-attention twin.
 - :mod:`fixedstate.toy_stack`: a numpy hybrid stack with random weights, forward and decode.
 - :mod:`fixedstate.training`: chapter 9's trainable model, its loss, Adam and the sweep.
+- :mod:`fixedstate.mqar_stats`: the recall sweep's statistics (Wilson intervals, fractions solved and above
+  the no-retrieval baseline) and its learning-rate rule.
 - :mod:`fixedstate.blocks`: the parts layers are built from (projections, norms,
   activations, the short convolution, the MLP, the embedding), the gate forms, and the
   pre-norm residual block every stack repeats.

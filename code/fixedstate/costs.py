@@ -34,7 +34,7 @@ import numbers
 import numpy as np
 
 from ._validate import check_positive_int
-from .layer_ids import DELTA, GATED_DELTA, KDA, check_layer_id
+from .layer_ids import DELTA, GATED_DELTA, HYBRID, KDA, LAYER_IDS, SOFTMAX, SWA, check_layer_id
 
 __all__ = [
     "kv_cache_numbers",
@@ -54,6 +54,8 @@ __all__ = [
     "selective_scan_flops",
     "ssm_decode_flops",
     "s4_fft_conv_flops",
+    "layer_state_bytes",
+    "model_state_bytes",
 ]
 
 
@@ -369,3 +371,56 @@ def s4_fft_conv_flops(seq_len: int, d: int, state_size: int) -> int:
     n = 1 << int(math.ceil(math.log2(2 * T)))
     fft = 3 * 2.5 * n * math.log2(n) + 6 * (n // 2 + 1)
     return int(round(dd * (2 * T * n_state + fft)))
+
+
+# ---------------------------------------------------------------- the state at the end of a sequence (chapter 9)
+
+def layer_state_bytes(layer_id, *, seq_len, d_k, d_v, n_heads=1, window=None, bytes_per_element=4) -> int:
+    """Bytes of the state one layer keeps at the end of a sequence of ``seq_len`` tokens (``eq-sm-kv-cache``,
+    ``eq-la-state-size``): the x-axis of chapter 9's recall-against-state figure.
+
+    - a fixed-state layer (``"linear"``, ``"delta"``, ``"gated_delta"``, ``"kda"``,
+      ``"ssm"``, ``"ssd"``): ``H * d_k * d_v`` numbers, whatever ``seq_len``
+      (for the state-space layers ``d_k`` is the state size ``N`` and ``d_v`` the
+      channels of a head, Mamba-2's ``B`` and ``x``);
+    - ``"softmax"``: its KV cache, ``H * seq_len * (d_k + d_v)``;
+    - ``"swa"``: its window cache, the last ``min(window - 1, seq_len)`` keys and
+      values (:func:`fixedstate.softmax_attention.sliding_window_attention`):
+      ``H * min(window - 1, seq_len) * (d_k + d_v)``;
+
+    times ``bytes_per_element`` (4, float32, the default: the book trains in float32).
+    The short convolutions' few tokens of cache are not counted (every mixer of
+    the book's models has the same ones). Returns an int.
+    """
+    layer_id = check_layer_id(layer_id, tuple(i for i in LAYER_IDS if i != HYBRID), "layer_id")
+    t = _count(seq_len, "seq_len", minimum=1)
+    d_k, d_v = _count(d_k, "d_k", minimum=1), _count(d_v, "d_v", minimum=1)
+    n_heads = _count(n_heads, "n_heads", minimum=1)
+    if not all(isinstance(x, int) for x in (t, d_k, d_v, n_heads)):
+        raise ValueError("seq_len, d_k, d_v, n_heads: expected single integers, got an array")
+    b = _bytes_per_element(bytes_per_element)
+    if layer_id == SWA:
+        if window is None:
+            raise ValueError("window: expected the window (an integer >= 1) for the 'swa' layer, got None")
+        kept = min(check_positive_int(window, "window") - 1, t)
+        return n_heads * kept * (d_k + d_v) * b
+    if window is not None:
+        raise ValueError(f"window: expected None for the {layer_id!r} layer (only 'swa' has a window), "
+                         f"got {window!r}")
+    if layer_id == SOFTMAX:
+        return n_heads * t * (d_k + d_v) * b
+    return n_heads * d_k * d_v * b
+
+
+def model_state_bytes(layers, *, seq_len, d_k, d_v, n_heads=1, window=None, bytes_per_element=4) -> int:
+    """The state a stack keeps at the end of a sequence: :func:`layer_state_bytes` summed over ``layers``.
+
+    ``layers``: the layer ids of the stack, in order (e.g. a hybrid's
+    ``("gated_delta", "softmax")``: its fixed state plus its KV cache); ``window``
+    is used by its ``"swa"`` layers only. Returns an int.
+    """
+    if isinstance(layers, str) or not hasattr(layers, "__iter__") or not len(layers):
+        raise ValueError(f"layers: expected a non-empty sequence of layer ids, got {layers!r}")
+    return sum(layer_state_bytes(i, seq_len=seq_len, d_k=d_k, d_v=d_v, n_heads=n_heads,
+                                 window=window if i == SWA else None, bytes_per_element=bytes_per_element)
+               for i in layers)

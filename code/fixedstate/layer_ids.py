@@ -8,6 +8,7 @@ from here, so one layer has one name everywhere:
 id                        layer                                            chapter
 ========================  ===============================================  =================
 ``"softmax"``             softmax attention, the KV cache                  1
+``"swa"``                 sliding-window attention, a window's KV cache     9
 ``"linear"``              linear attention                                 2
 ``"delta"``               the delta rule (DeltaNet)                        3
 ``"gated_delta"``         the gated delta rule (Gated DeltaNet)            3
@@ -22,10 +23,11 @@ A module that accepts only some of them says which, and checks with :func:`check
 
 from __future__ import annotations
 
-__all__ = ["SOFTMAX", "LINEAR", "DELTA", "GATED_DELTA", "KDA", "SSM", "SSD", "HYBRID", "LAYER_IDS",
+__all__ = ["SOFTMAX", "SWA", "LINEAR", "DELTA", "GATED_DELTA", "KDA", "SSM", "SSD", "HYBRID", "LAYER_IDS",
            "check_layer_id"]
 
 SOFTMAX = "softmax"
+SWA = "swa"
 LINEAR = "linear"
 DELTA = "delta"
 GATED_DELTA = "gated_delta"
@@ -34,8 +36,8 @@ SSM = "ssm"
 SSD = "ssd"
 HYBRID = "hybrid"
 
-#: Every id, in the order of the book's chapters.
-LAYER_IDS = (SOFTMAX, LINEAR, DELTA, GATED_DELTA, KDA, SSM, SSD, HYBRID)
+#: Every id, in the order of the book's chapters (sliding-window attention, chapter 9's baseline, beside softmax).
+LAYER_IDS = (SOFTMAX, SWA, LINEAR, DELTA, GATED_DELTA, KDA, SSM, SSD, HYBRID)
 
 
 def check_layer_id(value, allowed, name: str = "layer") -> str:

@@ -26,6 +26,9 @@ form, so the arithmetic lives in the core's module and nowhere else.
   KV cache) carried in and out, as the cores' own signature has it.
 - ``backward(q, k, v, gates, d_out, *, scale) -> (dq, dk, dv, d_gates)``, the
   gradients of ``forward`` (``d_gates`` a dict with one array per gate).
+- ``options``: the names of keyword arguments besides those above that the
+  entry's three forms require, which a stack passes from its configuration
+  (sliding-window attention's ``window``; none for the others).
 - ``step(q, k, v, gates, cache, *, scale) -> (output, cache)``, one token ``(..., d)``
   against the core's cache (a :class:`fixedstate.softmax_attention.KVCache` for
   softmax attention, a fixed-size state otherwise; ``None`` starts empty).
@@ -47,7 +50,7 @@ from . import delta_rule as dr
 from . import linear_attention as la
 from . import softmax_attention as sa
 from . import ssm
-from .layer_ids import DELTA, GATED_DELTA, KDA, LINEAR, SOFTMAX, SSD, check_layer_id
+from .layer_ids import DELTA, GATED_DELTA, KDA, LINEAR, SOFTMAX, SSD, SWA, check_layer_id
 
 __all__ = ["Mixer", "MIXERS", "mixer"]
 
@@ -62,6 +65,7 @@ class Mixer:
     forward: Callable
     backward: Callable
     step: Callable
+    options: tuple = ()
 
 
 def _unscaled(scale, layer_id):
@@ -174,6 +178,20 @@ def _ssd_step(q, k, v, gates, cache, *, scale=1.0):
     return y[..., 0, :], state
 
 
+# ------------------------------------------------------------------------- sliding-window attention
+
+def _swa_forward(q, k, v, gates, *, window, scale=None, chunk_size=None, initial_state=None):
+    return sa.sliding_window_attention(q, k, v, window=window, scale=scale, initial_state=initial_state)
+
+
+def _swa_backward(q, k, v, gates, d_out, *, window, scale=None):
+    return (*sa.sliding_window_attention_backward(q, k, v, d_out, window=window, scale=scale), {})
+
+
+def _swa_step(q, k, v, gates, cache, *, window, scale=None):
+    return sa.sliding_window_attention_step(q, k, v, window=window, scale=scale, initial_state=cache)
+
+
 #: The table, by layer id (:mod:`fixedstate.layer_ids`).
 MIXERS = {
     SOFTMAX: Mixer(SOFTMAX, (), False, _softmax_forward, _softmax_backward, _softmax_step),
@@ -184,6 +202,7 @@ MIXERS = {
     KDA: Mixer(KDA, ("beta", "log_gate"), True, _kda_forward, _kda_backward, _kda_step),
     SSD: Mixer(SSD, ("delta", "a"), False, _ssd_forward, _ssd_backward, _ssd_step),
 }
+MIXERS[SWA] = Mixer(SWA, (), False, _swa_forward, _swa_backward, _swa_step, options=("window",))
 
 
 def mixer(layer_id) -> Mixer:

@@ -691,7 +691,8 @@ class MQARBatch:
     value_tokens: np.ndarray
 
 
-def make_mqar(n_sequences, vocab_size, n_pairs, seq_len, *, n_queries=None, rng=None) -> MQARBatch:
+def make_mqar(n_sequences, vocab_size, n_pairs, seq_len, *, n_queries=None, rng=None,
+              distinct_values=False) -> MQARBatch:
     """Multi-query associative recall sequences, after Zoology (Arora et al., 2024).
 
     Each sequence starts with ``n_pairs`` key-value bigrams ``k_1 v_1 ... k_N v_N``
@@ -709,13 +710,17 @@ def make_mqar(n_sequences, vocab_size, n_pairs, seq_len, *, n_queries=None, rng=
     seq_len : int >= ``2 * n_pairs + 2 * n_queries``
     n_queries : int in [1, n_pairs], default ``n_pairs``
     rng : numpy Generator, int seed or None (seed 0)
+    distinct_values : bool. ``False`` (the default): values drawn with repeats, as
+        above. ``True``: the values of a sequence are distinct, drawn without
+        replacement like its keys, as Zoology's generator draws both (there are
+        at least as many value tokens as key tokens, so any valid ``n_pairs`` fits)
 
     Returns
     -------
     MQARBatch with ``tokens`` and ``targets`` of shape ``(n_sequences, seq_len)``
     """
     b = check_positive_int(n_sequences, "n_sequences")
-    n_values, n, m = _mqar_sizes(vocab_size, n_pairs, n_queries)   # the checks no_retrieval_accuracy shares
+    n_values, n, m = _mqar_sizes(vocab_size, n_pairs, n_queries, distinct_values)   # shared with the baseline
     t_len = check_positive_int(seq_len, "seq_len")
     vocab = int(vocab_size)
     n_keys = vocab - 1 - n_values
@@ -730,7 +735,7 @@ def make_mqar(n_sequences, vocab_size, n_pairs, seq_len, *, n_queries=None, rng=
     free = t_len - 2 * n  # positions after the context
     for s in range(b):
         ks = rng.choice(key_tokens, size=n, replace=False)
-        vs = rng.choice(value_tokens, size=n, replace=True)
+        vs = rng.choice(value_tokens, size=n, replace=bool(not distinct_values))
         tokens[s, 0:2 * n:2] = ks
         tokens[s, 1:2 * n:2] = vs
         which = rng.choice(n, size=m, replace=False)
@@ -832,8 +837,10 @@ def score_mqar(predictions, targets) -> float:
 NO_RETRIEVAL_STRATEGIES = ("most_frequent", "uniform_remaining", "uniform_context")
 
 
-def _mqar_sizes(vocab_size, n_pairs, n_queries):
+def _mqar_sizes(vocab_size, n_pairs, n_queries, distinct_values=False):
     """Validated ``(n_values, n_pairs, n_queries)`` for :func:`make_mqar`'s arguments."""
+    if not isinstance(distinct_values, (bool, np.bool_)):
+        raise ValueError(f"distinct_values: expected True or False, got {distinct_values!r}")
     vocab = check_positive_int(vocab_size, "vocab_size", minimum=3)
     n = check_positive_int(n_pairs, "n_pairs")
     m = n if n_queries is None else check_positive_int(n_queries, "n_queries")
@@ -871,7 +878,7 @@ def _mean_largest_count(r, n_values) -> float:
     return expected
 
 
-def no_retrieval_accuracy(vocab_size, n_pairs, *, n_queries=None) -> float:
+def no_retrieval_accuracy(vocab_size, n_pairs, *, n_queries=None, distinct_values=False) -> float:
     """Expected MQAR accuracy of the best predictor that never links a key to its value (``eq-tr-no-retrieval``).
 
     Exact, for sequences drawn by :func:`make_mqar` with the same arguments.
@@ -889,16 +896,20 @@ def no_retrieval_accuracy(vocab_size, n_pairs, *, n_queries=None) -> float:
     ``(1 / n_queries) * sum_j E[M_{n_pairs - j}] / (n_pairs - j)``,
 
     ``M_r`` the largest number of times one value occurs among ``r`` draws.
+    With ``distinct_values`` (Zoology's draw) every count is 1, and the sum is
+    ``(1 / n_queries) * sum_j 1 / (n_pairs - j)``.
 
     Parameters
     ----------
-    vocab_size, n_pairs, n_queries : as for :func:`make_mqar`
+    vocab_size, n_pairs, n_queries, distinct_values : as for :func:`make_mqar`
 
     Returns
     -------
     float in ``(0, 1]``
     """
-    n_values, n, m = _mqar_sizes(vocab_size, n_pairs, n_queries)
+    n_values, n, m = _mqar_sizes(vocab_size, n_pairs, n_queries, distinct_values)
+    if distinct_values:
+        return float(sum(1 / (n - j) for j in range(m)) / m)
     return float(sum(_mean_largest_count(n - j, n_values) / (n - j) for j in range(m)) / m)
 
 

@@ -18,6 +18,18 @@ fixed-state layers, every form takes ``q, k, v`` positionally and returns
 - :func:`attention_weights`: the attention matrix itself (a helper, not a core);
 - :func:`softmax_attention_backward`: the gradients of the masked matrix form
   with respect to ``q, k, v`` (chapter 9).
+
+Sliding-window attention is softmax attention whose mask is a band: query ``t``
+sees only the ``window`` most recent tokens, itself included (keys ``j`` with
+``t - window < j <= t``). Its state is a window cache, the keys and values of
+the last ``window - 1`` tokens, whatever the length of the sequence (the
+baseline of the recall-against-state experiment of chapter 9):
+
+- :func:`sliding_window_attention`: the banded matrix form, optionally after a
+  cache of earlier tokens;
+- :func:`sliding_window_attention_step`: one token against the window cache;
+- :func:`sliding_window_attention_loop`: its reference loop;
+- :func:`sliding_window_attention_backward`: its gradients.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._grad import sum_to
-from ._validate import as_float_array, as_float_batch, broadcast_leading, float_dtype
+from ._validate import as_float_array, as_float_batch, broadcast_leading, check_positive_int, float_dtype
 from .kernels import row_softmax, softmax_scale
 
 __all__ = [
@@ -35,6 +47,10 @@ __all__ = [
     "softmax_attention_loop",
     "attention_weights",
     "softmax_attention_backward",
+    "sliding_window_attention",
+    "sliding_window_attention_step",
+    "sliding_window_attention_loop",
+    "sliding_window_attention_backward",
 ]
 
 
@@ -345,6 +361,126 @@ def softmax_attention_backward(q, k, v, d_out, *, causal: bool = True, scale=Non
     c = dtype.type(softmax_scale(scale, q.shape[-1]))
     weights = attention_weights(q, k, causal=causal, scale=scale)           # A, (..., T, m)
     d_weights = d_out @ v.swapaxes(-1, -2)                                   # dA = dO V^T
+    d_scores = weights * (d_weights - np.sum(weights * d_weights, axis=-1, keepdims=True))
+    dq = c * (d_scores @ k)
+    dk = c * (d_scores.swapaxes(-1, -2) @ q)
+    dv = weights.swapaxes(-1, -2) @ d_out
+    return sum_to(dq, q.shape), sum_to(dk, k.shape), sum_to(dv, v.shape)
+
+
+# ---------------------------------------------------------------- sliding-window attention
+
+def _window_cache(cache: KVCache, window: int) -> KVCache:
+    """The last ``window - 1`` tokens of ``cache`` (all of them if it holds fewer): the window cache."""
+    keep = min(window - 1, cache.length)
+    if keep == cache.length:
+        return cache
+    return KVCache(cache.keys[..., cache.length - keep:, :], cache.values[..., cache.length - keep:, :])
+
+
+def _band(T: int, n: int, window: int) -> np.ndarray:
+    """Which of ``n + T`` keys each of ``T`` new queries sees: key ``j`` from query ``t`` when
+    ``n + t - window < j <= n + t`` (``(T, n + T)`` booleans)."""
+    t = np.arange(T)[:, None] + n
+    j = np.arange(n + T)[None, :]
+    return (j <= t) & (j > t - window)
+
+
+def _window_weights(q, k, window, scale):
+    """The banded attention matrix of validated ``q``, ``k`` ``(..., T, d_k)`` (no cache)."""
+    scores = softmax_scale(scale, q.shape[-1]) * (q @ k.swapaxes(-1, -2))
+    return row_softmax(np.where(_band(q.shape[-2], 0, window), scores, -np.inf))
+
+
+def sliding_window_attention(q, k, v, *, window, scale=None, initial_state=None):
+    """Sliding-window attention: ``eq-sm-causal`` with the mask cut to a band of ``window`` keys.
+
+    Query ``t`` attends to the keys ``j`` with ``t - window < j <= t`` (itself and
+    the ``window - 1`` tokens before it), counting the cached tokens of
+    ``initial_state`` as the positions before the first new one. With
+    ``window >= n + T`` it is :func:`softmax_attention` with ``causal=True``.
+    The matrix is formed in full and masked (``O(T^2)`` work, fine at the book's
+    lengths; a kernel would compute only the band).
+
+    Parameters
+    ----------
+    q, k : arrays ``(..., T, d_k)``; v : array ``(..., T, d_v)``
+    window : int >= 1, the number of tokens each query sees (itself included)
+    scale : positive float or None (``1/sqrt(d_k)``, ``eq-sm-scores``)
+    initial_state : a window cache (:class:`KVCache`, a pair ``(keys, values)``) or None
+        (only its last ``window - 1`` tokens are read)
+
+    Returns
+    -------
+    outputs : array ``(..., T, d_v)``
+    cache : :class:`KVCache` of the last ``min(window - 1, n + T)`` keys and values, the layer's state
+    """
+    window = check_positive_int(window, "window")
+    q, k, v, cache = _prepare(q, k, v, initial_state)
+    cache = _window_cache(cache, window)
+    n = cache.length
+    cache = cache._append(k, v)
+    scores = softmax_scale(scale, q.shape[-1]) * (q @ cache.keys.swapaxes(-1, -2))      # (..., T, n + T)
+    scores = np.where(_band(q.shape[-2], n, window), scores, -np.inf)
+    return row_softmax(scores) @ cache.values, _window_cache(cache, window)
+
+
+def sliding_window_attention_step(q, k, v, *, window, scale=None, initial_state=None):
+    """One token of sliding-window attention against its window cache (``eq-sm-decode`` over the window).
+
+    ``q, k`` ``(..., d_k)``, ``v`` ``(..., d_v)``; ``initial_state`` the window
+    cache (None: empty). The new token's key and value join the cache, the query
+    attends to the last ``window`` of them, and the cache returned keeps the last
+    ``window - 1``: its size stops growing once ``window - 1`` tokens have passed.
+    Returns ``(o (..., d_v), cache)``.
+    """
+    window = check_positive_int(window, "window")
+    q, k, v, cache = _prepare(q, k, v, initial_state, tokens=False)
+    cache = _window_cache(cache, window)._append(k[..., None, :], v[..., None, :])
+    scores = softmax_scale(scale, q.shape[-1]) * (cache.keys @ q[..., :, None])[..., 0]
+    weights = row_softmax(scores)
+    return (weights[..., None, :] @ cache.values)[..., 0, :], _window_cache(cache, window)
+
+
+def sliding_window_attention_loop(q, k, v, *, window, scale=None, initial_state=None):
+    """The reference loop for sliding-window attention (``eq-sm-causal`` over a band): one query at a time.
+
+    One sequence: ``q, k`` ``(T, d_k)``, ``v`` ``(T, d_v)``; ``initial_state`` a
+    cache of earlier tokens or None. Same results as :func:`sliding_window_attention`.
+    """
+    window = check_positive_int(window, "window")
+    q, k, v, cache = _prepare(q, k, v, initial_state, one_sequence=True)
+    c = softmax_scale(scale, q.shape[1])
+    K = np.concatenate([cache.keys, k])
+    V = np.concatenate([cache.values, v])
+    n = cache.length
+    o = np.empty_like(v)
+    for t in range(len(q)):
+        first = max(0, n + t + 1 - window)        # the window: keys first .. n + t
+        s = c * (K[first: n + t + 1] @ q[t])
+        w = np.exp(s - s.max())
+        o[t] = (w / w.sum()) @ V[first: n + t + 1]
+    return o, _window_cache(KVCache(K, V), window)
+
+
+def sliding_window_attention_backward(q, k, v, d_out, *, window, scale=None):
+    """The gradients of :func:`sliding_window_attention` (no cache): ``eq-bw-sm-dv``, ``eq-bw-sm-dqk``.
+
+    The same three products as :func:`softmax_attention_backward`, with ``A`` the
+    banded attention matrix: entries outside the band have ``A = 0`` and get no
+    gradient. ``q, k`` ``(..., T, d_k)``, ``v`` and ``d_out`` ``(..., T, d_v)``;
+    returns ``dq, dk, dv`` of the shapes of ``q, k, v`` (summed over broadcast
+    leading axes).
+    """
+    window = check_positive_int(window, "window")
+    dtype = float_dtype(q, k, v, d_out)
+    q, k, v, _ = _prepare(q, k, v, None)
+    d_out = as_float_batch(d_out, "d_out", (q.shape[-2], v.shape[-1]), ("T", "d_v"))
+    broadcast_leading(("q", q, 2), ("k", k, 2), ("v", v, 2), ("d_out", d_out, 2))
+    q, k, v, d_out = (a.astype(dtype, copy=False) for a in (q, k, v, d_out))
+    c = dtype.type(softmax_scale(scale, q.shape[-1]))
+    weights = _window_weights(q, k, window, scale)
+    d_weights = d_out @ v.swapaxes(-1, -2)
     d_scores = weights * (d_weights - np.sum(weights * d_weights, axis=-1, keepdims=True))
     dq = c * (d_scores @ k)
     dk = c * (d_scores.swapaxes(-1, -2) @ q)

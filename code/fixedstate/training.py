@@ -17,7 +17,13 @@ composes them; it redefines no layer and no block:
 - :func:`train`, :func:`evaluate`: the training loop on
   :func:`fixedstate.recall.make_mqar` batches (fresh seeded batches at every
   step, a held-out test set drawn from a separate stream);
-- :func:`run_sweep`: the experiment of the chapter (``make experiment``).
+- :func:`run_sweep`: the chapter's first, small experiment (``SWEEP``, stored in
+  results/mqar_sweep.json);
+- ``RECALL_SWEEP``, ``RECALL_QUICK``: the recall-against-state sweep at the scale of
+  the papers (issue 30; ``make experiment``, ``make experiment-quick``), as a list
+  of independent runs (:func:`recall_tuning_runs`, :func:`recall_main_runs`,
+  :func:`recall_run`) that tools/mqar_sweep.py schedules; its statistics are in
+  :mod:`fixedstate.mqar_stats`.
 
 Parameter names (one scheme with :mod:`fixedstate.hybrid` and :mod:`fixedstate.layers`,
 after the names ``transformers`` gives the shipped layers): matrices ``W_<role>``
@@ -54,7 +60,7 @@ from . import blocks as bl
 from . import mixers
 from ._threads import one_blas_thread
 from ._validate import as_float_array, check_positive_int
-from .layer_ids import DELTA, GATED_DELTA, HYBRID, LINEAR, SOFTMAX, SSD, check_layer_id
+from .layer_ids import DELTA, GATED_DELTA, HYBRID, LINEAR, SOFTMAX, SSD, SWA, check_layer_id
 from .recall import make_mqar
 
 __all__ = [
@@ -76,6 +82,14 @@ __all__ = [
     "run_config",
     "choose_lr",
     "run_sweep",
+    "RECALL_SWEEP",
+    "RECALL_QUICK",
+    "swa_window",
+    "recall_tuning_runs",
+    "recall_main_runs",
+    "run_key",
+    "recall_run",
+    "recall_baseline",
 ]
 
 # The models of the chapter, by the id of their mixer (fixedstate.layer_ids), each the
@@ -83,6 +97,7 @@ __all__ = [
 # one attention layer last.
 MODEL_LAYERS = {
     SOFTMAX: (SOFTMAX, SOFTMAX),
+    SWA: (SWA, SWA),
     LINEAR: (LINEAR, LINEAR),
     DELTA: (DELTA, DELTA),
     GATED_DELTA: (GATED_DELTA, GATED_DELTA),
@@ -213,7 +228,8 @@ class ModelConfig:
     ``d_model`` is the width; each mixer has one head with ``d_k = d_v = d_model``
     (the fixed-state layers' state is ``d_model x d_model``); the MLP is
     ``d_model -> d_ff -> d_model``; the short convolution has ``conv_size`` taps;
-    the chunkwise cores run in chunks of ``chunk_size`` tokens.
+    the chunkwise cores run in chunks of ``chunk_size`` tokens; ``window`` is
+    sliding-window attention's window (required by ``"swa"``, ignored by the others).
     """
 
     mixer: str
@@ -222,6 +238,7 @@ class ModelConfig:
     d_ff: int | None = None
     conv_size: int = 4
     chunk_size: int = 16
+    window: int | None = None
     layers: tuple = field(init=False)
 
     def __post_init__(self):
@@ -234,6 +251,15 @@ class ModelConfig:
             object.__setattr__(self, "d_ff", 2 * self.d_model)
         check_positive_int(self.d_ff, "d_ff")
         object.__setattr__(self, "layers", MODEL_LAYERS[self.mixer])
+        if any("window" in mixers.mixer(m).options for m in self.layers) or self.window is not None:
+            if self.window is None:
+                raise ValueError(f"window: expected a window (an integer >= 1) for the {self.mixer!r} mixer, "
+                                 "got None")
+            check_positive_int(self.window, "window")
+
+    def options(self, layer_id) -> dict:
+        """The keyword arguments beyond the common ones that ``layer_id``'s mixer reads (its ``options``)."""
+        return {name: getattr(self, name) for name in mixers.mixer(layer_id).options}
 
 
 def _ssd_dt_bias(ssd_dt_init) -> float:
@@ -268,10 +294,16 @@ _TOKEN_GATES = {
 # The SSD's a = -exp(A_log) < 0, one per layer (Mamba-2's parametrisation): a per-layer gate, not per token.
 _LAYER_GATES = {"a": "A_log"}
 # The model scales softmax attention's logits by 1/sqrt(d); the fixed-state cores read out unscaled.
-_SCALED = frozenset({SOFTMAX})
+_SCALED = frozenset({SOFTMAX, SWA})
 
 
-def init_model(config: ModelConfig, rng, *, dtype=np.float64, ssd_dt_init=None) -> dict:
+#: The SSD's initialisations: ``"unit"`` (A_log = 0, so a = -1; dt_bias from ``ssd_dt_init``) and
+#: ``"mamba2"``, the shipped Mamba-2 layer's (:mod:`fixedstate.layers`, chapter 8): ``A = exp(A_log)``
+#: uniform in [1, 16] and the step ``softplus(dt_bias)`` log-uniform in [1e-3, 0.1].
+SSD_INITS = ("unit", "mamba2")
+
+
+def init_model(config: ModelConfig, rng, *, dtype=np.float64, ssd_dt_init=None, ssd_init="unit") -> dict:
     """Random parameters of the model ``config`` describes, as a dict name -> array of ``dtype``.
 
     ``dtype`` is float64 (for gradient checks) or float32 (for training: twice
@@ -290,9 +322,17 @@ def init_model(config: ModelConfig, rng, *, dtype=np.float64, ssd_dt_init=None) 
     ``dt_bias = softplus^{-1}(Delta0) = log(expm1(Delta0))``, so the step starts at
     ``Delta0`` (before the input's share ``u W_dt``) and, with ``a = -1``, the
     per-token decay at ``exp(-Delta0)``. Other mixers ignore it.
+
+    ``ssd_init="mamba2"`` draws the SSD's ``A_log`` and ``dt_bias`` as the shipped
+    Mamba-2 layer does (``SSD_INITS``; the draws come after the layer's projections
+    from the same generator), and then ``ssd_dt_init`` must be None.
     """
     if not isinstance(config, ModelConfig):
         raise ValueError(f"config: expected a ModelConfig, got {type(config).__name__}")
+    if ssd_init not in SSD_INITS:
+        raise ValueError(f"ssd_init: expected one of {SSD_INITS}, got {ssd_init!r}")
+    if ssd_init == "mamba2" and ssd_dt_init is not None:
+        raise ValueError(f"ssd_dt_init: expected None with ssd_init='mamba2' (it draws the step), got {ssd_dt_init!r}")
     first_bias = {"b_b": 0.0, "b_a": 3.0, "dt_bias": _ssd_dt_bias(ssd_dt_init)}
     rng = np.random.default_rng(rng)
     d, V, K, F = config.d_model, config.vocab_size, config.conv_size, config.d_ff
@@ -318,6 +358,9 @@ def init_model(config: ModelConfig, rng, *, dtype=np.float64, ssd_dt_init=None) 
                 p[L + spec.bias] = np.full(1, first_bias[spec.bias])
             else:
                 p[L + _LAYER_GATES[gate]] = np.zeros(1)
+        if ssd_init == "mamba2" and L + "A_log" in p:     # one head: one A and one step per layer
+            p[L + "A_log"] = np.log(rng.uniform(1.0, 16.0, size=1))
+            p[L + "dt_bias"] = bl.inverse_softplus(np.exp(rng.uniform(math.log(1e-3), math.log(0.1), size=1)))
         p[L + "W_o"] = proj(d, d, out_scale)
         p[L + "norm_mlp"] = np.ones(d)
         p[L + "W_1"] = proj(d, F)
@@ -330,9 +373,10 @@ def init_model(config: ModelConfig, rng, *, dtype=np.float64, ssd_dt_init=None) 
     return {name: a.astype(dtype) for name, a in p.items()}
 
 
-def _mixer_forward(layer_id, p, L, config, u):
+def _mixer_forward(layer_id, p, L, config, u, zero_core=False):
     """One layer's token mixer on its normalised input ``u`` ``(B, T, d)``: projections, short
     convolutions, gates, the core (from the table :data:`fixedstate.mixers.MIXERS`), ``W_o``.
+    With ``zero_core`` the core's output is replaced by zeros (the ablation of :func:`evaluate`).
     Returns its output and what :func:`_mixer_backward` needs."""
     entry = mixers.mixer(layer_id)
     s = {"u": u}
@@ -352,7 +396,10 @@ def _mixer_forward(layer_id, p, L, config, u):
     if entry.normalize_qk:
         q, k = bl.l2_normalize(q), bl.l2_normalize(k)
     scale = 1 / math.sqrt(q.shape[-1]) if layer_id in _SCALED else 1.0
-    s["o"], _ = entry.forward(q, k, s["v"], gates, scale=scale, chunk_size=config.chunk_size)
+    s["options"] = config.options(layer_id)
+    s["o"], _ = entry.forward(q, k, s["v"], gates, scale=scale, chunk_size=config.chunk_size, **s["options"])
+    if zero_core:
+        s["o"] = np.zeros_like(s["o"])
     return bl.linear(s["o"], p[L + "W_o"]), s
 
 
@@ -364,7 +411,7 @@ def _mixer_backward(layer_id, p, L, s, d_m, grads):
     if entry.normalize_qk:
         q, k = bl.l2_normalize(q), bl.l2_normalize(k)
     scale = 1 / math.sqrt(q.shape[-1]) if layer_id in _SCALED else 1.0
-    dq, dk, dv, d_gates = entry.backward(q, k, v, gates, do, scale=scale)
+    dq, dk, dv, d_gates = entry.backward(q, k, v, gates, do, scale=scale, **s["options"])
     if entry.normalize_qk:
         dq, dk = bl.l2_normalize_backward(s["q"], dq), bl.l2_normalize_backward(s["k"], dk)
     u = s["u"]
@@ -387,7 +434,7 @@ def _mixer_backward(layer_id, p, L, s, d_m, grads):
     return du
 
 
-def model_forward(params, config: ModelConfig, tokens):
+def model_forward(params, config: ModelConfig, tokens, *, zero_cores=()):
     """Logits ``(B, T, V)`` of the model for ``tokens`` ``(B, T)`` (``eq-tr-model``), and the cache for the backward.
 
     Each layer is :func:`fixedstate.blocks.residual_block` around its mixer:
@@ -396,19 +443,36 @@ def model_forward(params, config: ModelConfig, tokens):
     layers, ``logits = rms_norm(x) W_head``. ``cache["layers"][i]`` is the block's
     saved dict; its ``"mixer"`` entry holds ``q, k, v`` (after the convolutions),
     the ``gates`` the core read and its output ``o``.
+
+    ``zero_cores`` lists layer indices whose core output is set to zero (the
+    ablation of chapter 9: the layer keeps its MLP and residual path, and its
+    mixer writes nothing); for evaluation, not for training.
     """
+    zero_cores = _layer_indices(zero_cores, len(config.layers))
     x = bl.embedding(tokens, params["embedding"])
     cache = {"tokens": tokens, "layers": []}
     for i, layer_id in enumerate(config.layers):
         L = f"layers.{i}."
         x, saved = bl.residual_block(
-            x, lambda u, layer_id=layer_id, L=L: _mixer_forward(layer_id, params, L, config, u),
+            x, lambda u, layer_id=layer_id, L=L, i=i: _mixer_forward(layer_id, params, L, config, u,
+                                                                      zero_core=i in zero_cores),
             params[L + "W_1"], params[L + "W_2"], norm_mixer=params[L + "norm_mixer"],
             norm_mlp=params[L + "norm_mlp"])
         cache["layers"].append(saved)
     cache["x_final"] = x
     cache["h_final"] = bl.rms_norm(x, params["norm_final"])
     return bl.linear(cache["h_final"], params["W_head"]), cache
+
+
+def _layer_indices(indices, n_layers) -> frozenset:
+    try:
+        out = frozenset(indices)
+    except TypeError:
+        raise ValueError(f"zero_cores: expected a collection of layer indices, got {indices!r}") from None
+    bad = [i for i in out if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < n_layers]
+    if bad:
+        raise ValueError(f"zero_cores: expected layer indices in [0, {n_layers}), got {sorted(out, key=str)}")
+    return out
 
 
 def model_backward(params, config: ModelConfig, cache, d_logits) -> dict:
@@ -446,18 +510,21 @@ def loss_and_grads(params, config: ModelConfig, tokens, targets):
 
 # ---------------------------------------------------------------------------- data, training, evaluation
 
-def mqar_data(n_sequences, *, vocab_size, n_pairs, seq_len, rng):
+def mqar_data(n_sequences, *, vocab_size, n_pairs, seq_len, rng, distinct_values=False):
     """A batch of MQAR sequences from :func:`fixedstate.recall.make_mqar`: ``(tokens, targets)``."""
-    batch = make_mqar(n_sequences, vocab_size, n_pairs, seq_len, rng=rng)
+    batch = make_mqar(n_sequences, vocab_size, n_pairs, seq_len, rng=rng, distinct_values=distinct_values)
     return batch.tokens, batch.targets
 
 
 @one_blas_thread
-def evaluate(params, config: ModelConfig, tokens, targets, *, batch_size=256) -> float:
-    """Accuracy at the query positions: the fraction whose most likely token is the target."""
+def evaluate(params, config: ModelConfig, tokens, targets, *, batch_size=256, zero_cores=()) -> float:
+    """Accuracy at the query positions: the fraction whose most likely token is the target.
+
+    ``zero_cores``: layers whose core output is zeroed (:func:`model_forward`), the ablation.
+    """
     right = total = 0
     for s in range(0, len(tokens), batch_size):
-        logits, _ = model_forward(params, config, tokens[s:s + batch_size])
+        logits, _ = model_forward(params, config, tokens[s:s + batch_size], zero_cores=zero_cores)
         t = targets[s:s + batch_size]
         mask = t >= 0
         right += int(np.sum(np.argmax(logits[mask], axis=-1) == t[mask]))
@@ -474,18 +541,22 @@ def _lr_at(step, steps, lr, warmup):
 
 @one_blas_thread
 def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64, batch_size=32,
-          n_test=256, clip=1.0, warmup=None, dtype=np.float32, callback=None, ssd_dt_init=None):
+          n_test=256, clip=1.0, warmup=None, dtype=np.float32, callback=None, ssd_dt_init=None, window=None,
+          ssd_init="unit", distinct_values=False, test_seed=12345):
     """Train one model on MQAR and return a dict with its parameters, losses and test accuracy.
 
     Training batches are fresh at every step, drawn from the stream
     ``default_rng((seed, 1))``; the model's initial parameters from
     ``default_rng((seed, 0))``; the test set (``n_test`` sequences) from
-    ``default_rng((12345, n_pairs))``, the same for every mixer, width and seed,
+    ``default_rng((test_seed, n_pairs))``, the same for every mixer, width and seed,
     and disjoint from training in its random stream. Adam (``eq-tr-adam``) with
     the global gradient norm clipped at ``clip``, the learning rate warmed up
     linearly over ``warmup`` steps (default a tenth) and then decayed to 0 on a
     cosine. ``ssd_dt_init`` is passed to :func:`init_model` (the SSD's initial
-    step; ``None``, the default, keeps ``dt_bias = 0``).
+    step; ``None``, the default, keeps ``dt_bias = 0``), and ``ssd_init`` its
+    initialisation (``SSD_INITS``); ``window`` is sliding-window attention's
+    (:class:`ModelConfig`); ``distinct_values`` draws each sequence's values
+    without repeats, as Zoology does (:func:`fixedstate.recall.make_mqar`).
 
     Returns
     -------
@@ -493,18 +564,20 @@ def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64
     ``seconds`` (wall-clock time of the training loop) and ``seconds_per_step``
     """
     steps = check_positive_int(steps, "steps")
-    config = ModelConfig(mixer, vocab_size, d_model)
-    params = init_model(config, np.random.default_rng((seed, 0)), dtype=dtype, ssd_dt_init=ssd_dt_init)
+    config = ModelConfig(mixer, vocab_size, d_model, window=window)
+    params = init_model(config, np.random.default_rng((seed, 0)), dtype=dtype, ssd_dt_init=ssd_dt_init,
+                        ssd_init=ssd_init)
     data_rng = np.random.default_rng((seed, 1))
     test_tokens, test_targets = mqar_data(n_test, vocab_size=vocab_size, n_pairs=n_pairs, seq_len=seq_len,
-                                          rng=np.random.default_rng((12345, n_pairs)))
+                                          rng=np.random.default_rng((test_seed, n_pairs)),
+                                          distinct_values=distinct_values)
     state = adam_init(params)
     warmup = max(1, steps // 10) if warmup is None else warmup
     losses = np.empty(steps)
     start = time.perf_counter()
     for step in range(steps):
         tokens, targets = mqar_data(batch_size, vocab_size=vocab_size, n_pairs=n_pairs, seq_len=seq_len,
-                                    rng=data_rng)
+                                    rng=data_rng, distinct_values=distinct_values)
         loss, grads = loss_and_grads(params, config, tokens, targets)
         if not math.isfinite(loss):
             losses[step:] = np.nan
@@ -517,7 +590,7 @@ def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64
     finite = all(np.isfinite(p).all() for p in params.values())
     acc = evaluate(params, config, test_tokens, test_targets) if finite else float("nan")
     return {"params": params, "config": config, "losses": losses, "test_accuracy": acc,
-            "seconds": seconds, "seconds_per_step": seconds / steps}
+            "test_set": (test_tokens, test_targets), "seconds": seconds, "seconds_per_step": seconds / steps}
 
 
 # ---------------------------------------------------------------------------- the experiment
@@ -639,3 +712,185 @@ def run_sweep(settings=None, *, jobs=1, progress=print) -> dict:
     settings_out = {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()}
     return {"settings": settings_out, "chosen_lr": chosen, "tuning": tuning, "runs": runs,
             "seconds": round(time.perf_counter() - start, 1)}
+
+
+# ---------------------------------------------------------------------------- the recall-against-state sweep
+
+def swa_window(d_model) -> int:
+    """Sliding-window attention's window in the recall sweep: ``d_model / 2 + 1`` tokens.
+
+    Its window cache then holds ``d_model / 2`` keys and values of width ``d_model``,
+    ``d_model^2`` numbers: the size of a fixed-state layer's ``d_k x d_v`` state at
+    the same width, so the two meet on the state axis.
+    """
+    d = check_positive_int(d_model, "d_model", minimum=2)
+    return d // 2 + 1
+
+
+# The sweep of issue 30 (make experiment): MQAR sized as in Zoology (a vocabulary of 128,
+# keys and values distinct within a sequence, 32 pairs at the longest length), seven
+# mixers at four widths each, two lengths, five seeds; the learning rate tuned per mixer
+# and width on its own seed at the longest length, on a grid widened where the choice
+# sits at an edge.
+#
+# Budget (tools/mqar_calibrate.py; results/mqar_calibration.json; `tools/mqar_calibrate.py
+# --budget results/mqar_calibration.json` prints the table): one process, one BLAS thread,
+# batch 64, timed on the shared two-core machine while other sessions loaded it (load
+# average 8-24), so upper bounds, likely 2-5x an idle machine's. The model's forward took
+# 0.04-0.2 s at T = 64 and 0.08-0.8 s at T = 128 over the widths 8-64; a whole step today
+# (with the token-by-token backward passes of the delta rule family, linear attention and
+# the SSD) up to 25 s. Assumed: the chunkwise backward passes bring a step to three
+# forwards (a backward about twice the forward). The sweep is 7 x 4 x 3 = 84 tuning runs
+# at T = 128 and 7 x 4 x 5 = 140 runs at each length; one step of every run then costs
+# 240 core-seconds projected (1,114 today), so 90 minutes on two cores (10,800
+# core-seconds) buy 45 steps per run at those speeds, and the 150 steps below take about
+# 300 minutes projected (60-150 if an idle machine is 2-5x faster). The 150 steps are what the pilots
+# showed the smallest setting needs: softmax attention (d = 16, batch 64, lr 3e-2) solves
+# T = 32 with 8 pairs in 150 steps; at T = 128 with 32 pairs (d = 32) it was still on the
+# uniform-value plateau (loss ln 64) after 150 steps, as at T = 64 with 16 pairs after 800
+# steps of batch 16. So the issue's minimums do not fit 90 minutes on this machine at a
+# number of steps that learns: what 90 minutes buy here is the plateau, not the frontier.
+# The sweep needs the faster backward passes and more cores (tools/mqar_sweep.py --engine
+# dask on a cluster), or a longer budget, before it can answer the question.
+RECALL_SWEEP = {
+    "name": "recall",
+    "mixers": (SOFTMAX, SWA, LINEAR, DELTA, GATED_DELTA, SSD, HYBRID),
+    "d_models": (8, 16, 32, 64),
+    "lengths": ((64, 16), (128, 32)),       # (seq_len, n_pairs): a quarter of the tokens are pairs
+    "seeds": (0, 1, 2, 3, 4),
+    "steps": 150,
+    "batch_size": 64,
+    "vocab_size": 128,
+    "distinct_values": True,
+    "n_test": 128,
+    "test_seed": 54321,
+    "clip": 1.0,
+    "ssd_init": "mamba2",
+    "lr_grid": (3e-3, 1e-2, 3e-2),
+    "max_widen": 2,
+    "tune_seed": 100,
+    "tune_length": (128, 32),
+    "threshold": 0.9,
+    "margin": 3.0,
+}
+
+# The quick subset (make experiment-quick): three mixers (attention, its window, the hybrid
+# with its ablation) at one width, the short length T = 32 with 8 pairs (where the pilot's
+# softmax attention solves the task in 150 steps of batch 64), five seeds, the same
+# protocol: 9 tuning runs (and up to 3 more where a grid is widened) and 15 sweep runs. A
+# run took 60-75 s on the two-core machine while four other sessions loaded it (load
+# average above 20), so about 15 minutes there; a few minutes on an idle one.
+RECALL_QUICK = {
+    "name": "recall-quick",
+    "mixers": (SOFTMAX, SWA, HYBRID),
+    "d_models": (16,),
+    "lengths": ((32, 8),),
+    "seeds": (0, 1, 2, 3, 4),
+    "steps": 150,
+    "batch_size": 64,
+    "vocab_size": 128,
+    "distinct_values": True,
+    "n_test": 64,
+    "test_seed": 54321,
+    "clip": 1.0,
+    "ssd_init": "mamba2",
+    "lr_grid": (3e-3, 1e-2, 3e-2),
+    "max_widen": 1,
+    "tune_seed": 100,
+    "tune_length": (32, 8),
+    "threshold": 0.9,
+    "margin": 3.0,
+}
+
+
+def _run(settings, stage, mixer, d_model, length, seed, lr):
+    seq_len, n_pairs = length
+    return {"stage": stage, "mixer": mixer, "d_model": int(d_model), "seq_len": int(seq_len),
+            "n_pairs": int(n_pairs), "seed": int(seed), "lr": float(lr),
+            **{k: settings[k] for k in ("steps", "batch_size", "vocab_size", "distinct_values", "n_test",
+                                        "test_seed", "clip", "ssd_init")}}
+
+
+def run_key(run) -> str:
+    """The key that names a run in a sweep's store: its stage, mixer, width, length, pairs, seed and rate."""
+    return (f"{run['stage']}|{run['mixer']}|d{run['d_model']}|T{run['seq_len']}|n{run['n_pairs']}|"
+            f"s{run['seed']}|lr{run['lr']:.6g}")
+
+
+def recall_tuning_runs(settings, lrs=None) -> list:
+    """The tuning runs: every mixer and width at ``tune_length`` on ``tune_seed``, one per rate.
+
+    ``lrs`` maps ``(mixer, d_model)`` to the rates to run (default: ``lr_grid`` for every pair).
+    """
+    out = []
+    for m in settings["mixers"]:
+        for d in settings["d_models"]:
+            for lr in (settings["lr_grid"] if lrs is None else lrs[(m, d)]):
+                out.append(_run(settings, "tune", m, d, tuple(settings["tune_length"]), settings["tune_seed"], lr))
+    return out
+
+
+def recall_main_runs(settings, chosen) -> list:
+    """The sweep's runs: every mixer, width, length and seed, at the rate ``chosen[(mixer, d_model)]``.
+
+    The longest lengths and widest models come first, so that the workers finish together.
+    """
+    out = []
+    for length in sorted((tuple(x) for x in settings["lengths"]), reverse=True):
+        for d in sorted(settings["d_models"], reverse=True):
+            for m in settings["mixers"]:
+                for seed in settings["seeds"]:
+                    out.append(_run(settings, "main", m, d, length, seed, chosen[(m, d)]))
+    return out
+
+
+def recall_run(run) -> dict:
+    """Train the model one run of the recall sweep describes and return its record (no parameters).
+
+    ``run`` as :func:`recall_tuning_runs` and :func:`recall_main_runs` make them.
+    The record repeats the run and adds ``key``, ``test_accuracy`` and
+    ``final_loss`` (None when the run diverged), ``diverged``, ``state_bytes``
+    (:func:`fixedstate.costs.model_state_bytes`, float32), the window of
+    sliding-window attention, ``ablation`` (for a model of more than one kind of
+    layer: the test accuracy with each layer's core output zeroed, by layer
+    index), ``seconds`` and ``seconds_per_step``. Deterministic given the run.
+    """
+    from .costs import model_state_bytes
+
+    m, d = run["mixer"], run["d_model"]
+    window = swa_window(d) if SWA in MODEL_LAYERS[m] else None
+    r = train(m, d_model=d, n_pairs=run["n_pairs"], steps=run["steps"], lr=run["lr"], seed=run["seed"],
+              vocab_size=run["vocab_size"], seq_len=run["seq_len"], batch_size=run["batch_size"],
+              n_test=run["n_test"], clip=run["clip"], window=window,
+              ssd_init=run["ssd_init"] if SSD in MODEL_LAYERS[m] else "unit",
+              distinct_values=run["distinct_values"], test_seed=run["test_seed"])
+    losses = r["losses"]
+    diverged = not np.all(np.isfinite(losses))
+    tail = losses[-max(1, len(losses) // 10):]
+    ablation = None
+    if len(set(MODEL_LAYERS[m])) > 1 and not diverged:
+        tokens, targets = r["test_set"]
+        ablation = {str(i): round(float(evaluate(r["params"], r["config"], tokens, targets, zero_cores=(i,))), 6)
+                    for i in range(len(MODEL_LAYERS[m]))}
+    return {**run, "key": run_key(run), "window": window,
+            "state_bytes": model_state_bytes(MODEL_LAYERS[m], seq_len=run["seq_len"], d_k=d, d_v=d, window=window),
+            "test_accuracy": None if diverged else round(float(r["test_accuracy"]), 6),
+            "final_loss": None if diverged else round(float(np.mean(tail)), 6),
+            "diverged": diverged, "ablation": ablation,
+            "seconds": round(r["seconds"], 3), "seconds_per_step": round(r["seconds_per_step"], 5)}
+
+
+def recall_baseline(settings, length) -> dict:
+    """The exact no-retrieval baseline at ``length = (seq_len, n_pairs)``: over the task's draws
+    (:func:`fixedstate.recall.no_retrieval_accuracy`) and on the sweep's test set (its score and
+    standard error, :func:`fixedstate.recall.no_retrieval_score`, :func:`fixedstate.recall.no_retrieval_se`)."""
+    from .recall import no_retrieval_accuracy, no_retrieval_score, no_retrieval_se
+
+    seq_len, n_pairs = length
+    batch = make_mqar(settings["n_test"], settings["vocab_size"], n_pairs, seq_len,
+                      rng=np.random.default_rng((settings["test_seed"], n_pairs)),
+                      distinct_values=settings["distinct_values"])
+    return {"seq_len": int(seq_len), "n_pairs": int(n_pairs),
+            "expected": no_retrieval_accuracy(settings["vocab_size"], n_pairs,
+                                              distinct_values=settings["distinct_values"]),
+            "test_set": no_retrieval_score(batch), "test_set_se": no_retrieval_se(batch)}
