@@ -24,7 +24,7 @@ help:
 	@echo "make lab           open JupyterLab on the book with the package importable (and jupyterlab-myst)"
 	@echo "make jupyterlab-test every notebook in JupyterLab from the student kit's environment, checked in headless Chromium"
 	@echo "make execute       re-execute every notebook in place from a clean kernel"
-	@echo "make bench         time the chunkwise delta rule against the recurrence and the GEMM limit"
+	@echo "make bench         time the chunkwise delta rule against the recurrence and the GEMM limit, and chapter 9's training step against torch"
 	@echo "make reference-env a separate venv with torch and transformers, which make bench then compares with"
 	@echo "make test-reference the book's layers against transformers' (same weights in); leaves the tree as committed"
 	@echo "make update-reference rerun that comparison into results/ and re-execute the appendix page that shows it"
@@ -173,6 +173,7 @@ execute: $(STAMP)
 bench: $(STAMP)
 	FIXEDSTATE_TIMING= $(BIN)/python benchmarks/delta_rule_bench.py
 	FIXEDSTATE_TIMING= $(BIN)/python benchmarks/ssd_bench.py
+	FIXEDSTATE_TIMING= $(BIN)/python benchmarks/training_step_bench.py
 
 # Grade a folder of submitted exercise notebooks (the "Grading" section of appendix/instructors.md):
 #   make grade SUBMISSIONS=<folder> [CHAPTERS="03 04"] [ROSTER=roster.csv] [DEADLINE=2026-03-01T23:59]

@@ -1005,6 +1005,9 @@ PUBLIC_CALLS.update({   # the backward passes (chapter 9); their gradients are c
     "ssd_backward": lambda c: ssm.ssd_backward(c("x_ssd"), c("delta_ssd"), -c("delta_ssd")[0], c("Bt"), c("Ct"),
                                                c("x_ssd"), D=c("delta_ssd")[0], initial_state=c("S0"),
                                                d_final_state=c("S0")),
+    "ssd_chunkwise_backward": lambda c: ssm.ssd_chunkwise_backward(
+        c("x_ssd"), c("delta_ssd"), -c("delta_ssd")[0], c("Bt"), c("Ct"), c("x_ssd"), D=c("delta_ssd")[0],
+        initial_state=c("S0"), d_final_state=c("S0"), chunk_size=4),
     "selective_scan_backward": lambda c: ssm.selective_scan_backward(
         c("x"), c("delta"), c("A_sel"), c("Bt"), c("Ct"), c("x"), D=c("Dd"), initial_state=c("h0"),
         d_final_state=c("h0")),

@@ -70,7 +70,9 @@ from scipy.special import expit
 from ._grad import sum_to, time_major
 from ._validate import (Arg, as_float_array, as_float_batch, broadcast_leading, check_interval, check_log_gate,
                         check_positive_int, float_dtype, prepare_layer_args)
-from .kernels import delta_chunks, delta_scan, delta_step, flat
+from ._threads import one_blas_thread
+from .kernels import (chunk_gate_gradient, chunk_grid, chunk_tokens, delta_chunks, delta_scan, delta_step, flat,
+                      matmul, scalar_chunk_decays, unchunk, unit_lower_inverse)
 
 __all__ = [
     "delta_rule_step", "gated_delta_rule_step", "kda_step",
@@ -79,6 +81,7 @@ __all__ = [
     "gated_delta_rule_loop", "gated_delta_rule_chunk", "kda_loop",
     "kda_log_gate", "additive_step", "erase_factor",
     "gated_delta_rule_backward", "delta_rule_backward", "kda_backward",
+    "gated_delta_rule_chunkwise_backward", "delta_rule_chunkwise_backward", "gated_delta_rule_chunk_backward",
 ]
 
 
@@ -412,8 +415,9 @@ def kda_chunkwise(q, k, v, *, beta, log_gate, scale=1.0, initial_state=None, chu
 #
 # and each token reads its gradients off dS_t (the derivation is in chapter 9).
 
-def _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, gate):
-    """The reverse-time scan shared by the delta-rule backward passes; returns the six gradients."""
+def _backward_args(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, gate):
+    """Validate the arguments of a backward pass; return the input shapes, the leading shape, the dtype,
+    ``fit`` (cast and broadcast to the leading axes) and the prepared arrays."""
     shapes = {name: np.shape(x) for name, x in
               (("q", q), ("k", k), ("v", v), ("beta", beta), ("log_gate", log_gate), ("initial_state", initial_state))}
     lead, Q, K, V, Beta, G, S0, c = _prepare(q, k, v, beta, log_gate, scale, initial_state, gate=gate,
@@ -426,10 +430,18 @@ def _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_stat
         d_final_state = as_float_batch(d_final_state, "d_final_state", (d_k, d_v), ("d_k", "d_v"))
         items.append(("d_final_state", d_final_state, 2))
     lead = broadcast_leading(*items)
-    channelwise = gate == "channel"
 
     def fit(a, n):
         return None if a is None else np.broadcast_to(a.astype(dtype, copy=False), lead + a.shape[a.ndim - n:])
+    return shapes, lead, dtype, fit, (Q, K, V, d_out, Beta, G, S0, d_final_state, c)
+
+
+def _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, gate):
+    """The reverse-time scan shared by the delta-rule backward passes; returns the six gradients."""
+    shapes, lead, dtype, fit, (Q, K, V, d_out, Beta, G, S0, d_final_state, c) = _backward_args(
+        q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, gate)
+    T, d_k, d_v = Q.shape[-2], Q.shape[-1], V.shape[-1]
+    channelwise = gate == "channel"
 
     # time-major copies (token t is Q[t], contiguous), broadcast to the leading axes
     Q, K, V, dO = (time_major(fit(a, 2), -2) for a in (Q, K, V, d_out))
@@ -543,3 +555,204 @@ def kda_backward(q, k, v, d_out, *, beta, log_gate, scale=1.0, initial_state=Non
     the rest as :func:`gated_delta_rule_backward`, whose six gradients it returns.
     """
     return _backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, "channel")
+
+
+# --------------------------------------------------------------------------- the chunkwise backward (chapter 9)
+#
+# The backward of the chunkwise form, chunk by chunk (eq-bw-chunk-forward, eq-bw-chunk-ut, eq-bw-chunk-state):
+# gated_delta_rule_chunk_backward is one chunk written plainly; _chunks_backward is the same for all chunks
+# of a batch, with the chunk states recomputed forwards and the state's gradient carried backwards over the
+# chunks as the only sequential parts.
+
+def gated_delta_rule_chunk_backward(q, k, v, d_out, *, beta, log_gate, scale=1.0, initial_state=None,
+                                    d_final_state=None):
+    """The backward of one chunk of the chunkwise form: ``eq-bw-chunk-ut``, ``eq-bw-chunk-state``.
+
+    The gradients of :func:`gated_delta_rule_chunk` for one chunk of ``C`` tokens (``q, k``
+    (C, d_k), ``v``, ``d_out`` (C, d_v), ``beta``, ``log_gate`` (C,), no leading axes), given
+    the incoming state ``S_0`` (``initial_state``, (d_k, d_v) or None for zeros) and the
+    gradient of the outgoing state ``dS_C`` (``d_final_state``, or None for zero). Returns
+    ``dq, dk, dv, dbeta, dlog_gate`` and ``dS_0``, the gradient of the incoming state, which is
+    the ``d_final_state`` of the chunk before. Applied from the last chunk to the first (each
+    with the ``S_0`` the forward gave it) it is the whole sequence's backward;
+    :func:`gated_delta_rule_chunkwise_backward` is the same computation for all chunks at once.
+    """
+    _, Q, K, V, beta, log_gate, S0, c = _prepare(q, k, v, beta, log_gate, scale, initial_state,
+                                                 gate="scalar", one_sequence=True, min_length=1)
+    S0 = np.zeros((K.shape[1], V.shape[1]), dtype=V.dtype) if S0 is None else S0
+    dO = as_float_array(d_out, "d_out", shape=V.shape).astype(V.dtype, copy=False)
+    dSC = np.zeros_like(S0) if d_final_state is None else as_float_array(
+        d_final_state, "d_final_state", shape=S0.shape).astype(V.dtype, copy=False)
+    C = len(Q)
+    # the forward of the chunk again (eq-bw-chunk-forward)
+    b = np.cumsum(log_gate)                                   # b_r, the log-decay since the chunk start
+    Gamma, to_end = np.exp(b), np.exp(b[-1] - b)              # Gamma_r = e^{b_r}, e^{b_C - b_r}
+    D = np.exp(np.where(np.tri(C, dtype=bool), b[:, None] - b[None, :], -np.inf))   # D_ri = e^{b_r - b_i}, i <= r
+    KK = K @ K.T
+    A = np.tril(beta[:, None] * D * KK, -1)                   # A_ri = beta_r D_ri k_r^T k_i, i < r
+    I_plus_A = np.eye(C) + A
+    R = beta[:, None] * V - (beta * Gamma)[:, None] * (K @ S0)             # R = diag(beta) V - diag(beta Gamma) K S_0
+    U = solve_triangular(I_plus_A, R, lower=True, unit_diagonal=True)      # (I + A) U = R
+    M = (Q @ K.T) * D                                         # M = Q K^T o D
+    K_bar = to_end[:, None] * K                               # the keys decayed to the chunk's end
+    # backwards through the outputs and the outgoing state
+    G = c * dO
+    dU = M.T @ G + K_bar @ dSC                                # eq-bw-chunk-ut, first line
+    dR = solve_triangular(I_plus_A, dU, trans="T", lower=True, unit_diagonal=True)   # (I + A)^T dR = dU
+    dA = -np.tril(dR @ U.T, -1)                               # eq-bw-chunk-ut, last line
+    dS0 = Q.T @ (Gamma[:, None] * G) + Gamma[-1] * dSC - K.T @ ((beta * Gamma)[:, None] * dR)   # eq-bw-chunk-state
+    # the inputs' gradients, entry by entry from M, A, R, K_bar and Gamma
+    dM = G @ U.T
+    KS0 = K @ S0
+    dq = (dM * D) @ K + Gamma[:, None] * (G @ S0.T)
+    dk = ((dM * D).T @ Q + to_end[:, None] * (U @ dSC.T) - (beta * Gamma)[:, None] * (dR @ S0.T)
+          + (dA * beta[:, None] * D) @ K + (dA * beta[:, None] * D).T @ K)
+    dv = beta[:, None] * dR
+    dbeta = np.sum(dR * V, axis=1) - Gamma * np.sum(dR * KS0, axis=1) + np.sum(dA * D * KK, axis=1)
+    # the log-decays: each enters through b, so sum the gradients of D, Gamma and to_end over r >= t
+    dD = dM * (Q @ K.T) + dA * beta[:, None] * KK
+    dGamma = np.sum((Q @ S0) * G, axis=1) - beta * np.sum(dR * KS0, axis=1)
+    dGamma[-1] += np.sum(S0 * dSC)                            # Gamma_C S_0 in S_C
+    d_to_end = np.sum((U @ dSC.T) * K, axis=1)
+    db = np.sum(dD * D, axis=1) - np.sum(dD * D, axis=0) + Gamma * dGamma - to_end * d_to_end
+    db[-1] += np.sum(to_end * d_to_end)                       # e^{b_C - b_r} depends on b_C too
+    dlog_gate = np.cumsum(db[::-1])[::-1]                     # gamma_t enters every b_r with r >= t
+    return dq, dk, dv, dbeta, dlog_gate, dS0
+
+
+@one_blas_thread
+def _chunks_backward(q, k, v, d_out, beta, log_gate, S, d_final, scale, chunk_size):
+    """:func:`gated_delta_rule_chunk_backward` for every chunk of B sequences: (B, T, d) arrays, (B, T) beta and
+    log_gate (None: DeltaNet), (B, d_k, d_v) or None states; returns dq, dk, dv, dbeta, dlog_gate (or None), dS_0."""
+    B, T, d_k = k.shape
+    d_v = v.shape[-1]
+    dtype = v.dtype
+    C2, n = chunk_grid(T, chunk_size)
+    N = B * n
+    Q, K, V, G = (chunk_tokens(x, chunk_size) for x in (q, k, v, d_out))
+    if scale != 1.0:
+        G = G * dtype.type(scale)
+    beta_c = chunk_tokens(beta, chunk_size)[..., None]                      # (N, C2, 1); 0 on padding
+    if log_gate is None:
+        decay, gamma, to_end = np.broadcast_to(np.tri(C2, dtype=dtype), (N, C2, C2)), None, None
+        beta_gamma, K_bar = beta_c, K
+    else:
+        decay, gamma, to_end = scalar_chunk_decays(log_gate, chunk_size, dtype)
+        beta_gamma, K_bar = beta_c * gamma[..., None], K * to_end[..., None]
+    # the chunk's UT transform: T = (I + A)^{-1}, U~ = T diag(beta) V, W = T diag(beta Gamma) K (eq-dr-ut)
+    KK = matmul(K, K.swapaxes(-1, -2))
+    a = KK * decay
+    a *= beta_c
+    T_ut = unit_lower_inverse(a)
+    u_free = matmul(T_ut, V * beta_c)
+    W = matmul(T_ut, K * beta_gamma)
+    # forwards over the chunks: S_0 of every chunk and U = U~ - W S_0
+    shape4 = lambda x: x.reshape((B, n) + x.shape[1:])                     # noqa: E731
+    u_free, W, K_bar4 = shape4(u_free), shape4(W), shape4(K_bar)
+    last = None if gamma is None else gamma[:, -1].reshape(B, n)
+    starts = np.empty((B, n, d_k, d_v), dtype=dtype)
+    U = np.empty((B, n, C2, d_v), dtype=dtype)
+    state = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.astype(dtype, copy=True)
+    for j in range(n):
+        starts[:, j] = state
+        np.subtract(u_free[:, j], matmul(W[:, j], state), out=U[:, j])
+        if last is not None:
+            state *= last[:, j, None, None]
+        state += matmul(K_bar4[:, j].swapaxes(-1, -2), U[:, j])
+    # backwards over the chunks: dS_C of every chunk, dU and dS_0 (eq-bw-chunk-ut, eq-bw-chunk-state)
+    M = matmul(Q, K.swapaxes(-1, -2))
+    M *= decay
+    MtG = shape4(matmul(M.swapaxes(-1, -2), G))
+    QG = Q if gamma is None else Q * gamma[..., None]
+    read = shape4(matmul(QG.swapaxes(-1, -2), G))
+    d_ends = np.empty((B, n, d_k, d_v), dtype=dtype)
+    dU = np.empty((B, n, C2, d_v), dtype=dtype)
+    dS = np.zeros((B, d_k, d_v), dtype=dtype) if d_final is None else d_final.astype(dtype, copy=True)
+    for j in range(n - 1, -1, -1):
+        d_ends[:, j] = dS
+        np.add(MtG[:, j], matmul(K_bar4[:, j], dS), out=dU[:, j])
+        if last is not None:
+            dS *= last[:, j, None, None]
+        dS += read[:, j]
+        dS -= matmul(W[:, j].swapaxes(-1, -2), dU[:, j])
+    starts, d_ends = starts.reshape(N, d_k, d_v), d_ends.reshape(N, d_k, d_v)
+    U, dU = U.reshape(N, C2, d_v), dU.reshape(N, C2, d_v)
+    # every chunk's gradients at once
+    dR = matmul(T_ut.swapaxes(-1, -2), dU)                                 # (I + A)^T dR = dU
+    dA = matmul(dR, U.swapaxes(-1, -2))
+    dA *= -1.0                                                             # -dR U^T (only i < r is read)
+    dM = matmul(G, U.swapaxes(-1, -2))
+    dP = dM * decay
+    F = dA * decay
+    F *= beta_c
+    F = np.tril(F, -1)
+    KS0 = matmul(K, starts)
+    dq = matmul(dP, K)
+    dq += matmul(G, starts.swapaxes(-1, -2)) * (1.0 if gamma is None else gamma[..., None])
+    U_dS = matmul(U, d_ends.swapaxes(-1, -2))                              # the gradient of K_bar
+    dk = matmul(dP.swapaxes(-1, -2), Q)
+    dk += U_dS if to_end is None else U_dS * to_end[..., None]
+    dk -= matmul(dR * beta_gamma, starts.swapaxes(-1, -2))
+    dk += matmul(F + F.swapaxes(-1, -2), K)
+    dv = dR * beta_c
+    dR_KS0 = np.einsum("ncp,ncp->nc", dR, KS0)
+    dA_strict = np.tril(dA, -1)
+    dbeta = np.einsum("ncp,ncp->nc", dR, V) + np.einsum("nri,nri->nr", dA_strict * decay, KK)
+    dbeta -= dR_KS0 if gamma is None else gamma * dR_KS0
+    dlog = None
+    if gamma is not None:
+        z = dM * M + dA_strict * a                                         # dD o D
+        d_gamma = np.einsum("ncp,ncp->nc", matmul(Q, starts), G) - beta_c[..., 0] * dR_KS0
+        d_gamma[:, -1] += np.einsum("nkp,nkp->n", starts, d_ends)          # Gamma_C S_0 in S_C
+        d_to_end = np.einsum("nck,nck->nc", U_dS, K)
+        dlog = chunk_gate_gradient(z, d_gamma, d_to_end, gamma, to_end)
+        dlog = unchunk(dlog[..., None], B, T, chunk_size)[..., 0]
+    dbeta = unchunk(dbeta[..., None], B, T, chunk_size)[..., 0]
+    return (unchunk(dq, B, T, chunk_size), unchunk(dk, B, T, chunk_size), unchunk(dv, B, T, chunk_size),
+            dbeta, dlog, dS)
+
+
+def _chunkwise_backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, gate, chunk_size):
+    """Validate, broadcast and flatten; run :func:`_chunks_backward`; sum each gradient to its input's shape."""
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    shapes, lead, dtype, fit, (Q, K, V, d_out, Beta, G, S0, d_final_state, c) = _backward_args(
+        q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, gate)
+    T, d_k, d_v = Q.shape[-2], Q.shape[-1], V.shape[-1]
+    flat_all = lambda a, n: None if a is None else flat(np.ascontiguousarray(fit(a, n)), lead, n)   # noqa: E731
+    dq, dk, dv, dbeta, dlog, dS = _chunks_backward(
+        flat_all(Q, 2), flat_all(K, 2), flat_all(V, 2), flat_all(d_out, 2), flat_all(Beta, 1), flat_all(G, 1),
+        flat_all(S0, 2), flat_all(d_final_state, 2), c, chunk_size)
+    back = lambda a, core: a.reshape(lead + core)                          # noqa: E731
+    dS = back(dS, (d_k, d_v))
+    return (sum_to(back(dq, (T, d_k)), shapes["q"]), sum_to(back(dk, (T, d_k)), shapes["k"]),
+            sum_to(back(dv, (T, d_v)), shapes["v"]), sum_to(back(dbeta, (T,)), shapes["beta"]),
+            None if dlog is None else sum_to(back(dlog, (T,)), shapes["log_gate"]),
+            dS if initial_state is None else sum_to(dS, shapes["initial_state"]))
+
+
+def gated_delta_rule_chunkwise_backward(q, k, v, d_out, *, beta, log_gate, scale=1.0, initial_state=None,
+                                        d_final_state=None, chunk_size=64):
+    """The gradients of Gated DeltaNet in chunkwise form: ``eq-bw-chunk-ut``, ``eq-bw-chunk-state``.
+
+    The same six gradients as :func:`gated_delta_rule_backward` (same arguments, shapes and
+    results), computed chunk by chunk as :func:`gated_delta_rule_chunk_backward` does for one
+    chunk: the chunk states are recomputed forwards over the chunks (one ``(d_k, d_v)`` state
+    per chunk), the state's gradient is carried backwards over the chunks through the WY form
+    of each chunk's erase factors, and everything else is a product of ``(C, C)`` and ``(C, d)``
+    blocks for all chunks at once. ``chunk_size`` (an integer >= 1; the length need not be a
+    multiple of it) changes the order of the sums, not the result. One BLAS thread.
+    """
+    return _chunkwise_backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, "scalar",
+                               chunk_size)
+
+
+def delta_rule_chunkwise_backward(q, k, v, d_out, *, beta, scale=1.0, initial_state=None, d_final_state=None,
+                                  chunk_size=64):
+    """The gradients of DeltaNet in chunkwise form: ``eq-bw-chunk-ut``, ``eq-bw-chunk-state`` with the gate 1.
+
+    :func:`gated_delta_rule_chunkwise_backward` without the gate (no decays are formed).
+    Returns ``(dq, dk, dv, dbeta, d_initial_state)``, as :func:`delta_rule_backward`.
+    """
+    dq, dk, dv, dbeta, _, ds0 = _chunkwise_backward(q, k, v, d_out, beta, None, scale, initial_state,
+                                                    d_final_state, None, chunk_size)
+    return dq, dk, dv, dbeta, ds0

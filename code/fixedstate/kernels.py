@@ -24,6 +24,12 @@ and trusts them. What lives here is what more than one module needs:
   counts and the replay of :mod:`fixedstate.timing`);
 - the group size of the chunked forms (:data:`GROUP_BYTES`, :data:`RANGE_BYTES`) and the one
   formula that turns it into chunks (:func:`chunks_per_group`);
+- the pieces of the chunkwise backward passes (chapter 9, ``eq-bw-chunk-ut``,
+  ``eq-bw-chunk-state``): the chunked tokens (:func:`chunk_tokens`), the scalar decays of
+  each chunk (:func:`scalar_chunk_decays`), the gradient of the log-decays from the
+  gradients of those decays (:func:`chunk_gate_gradient`, which the delta rule's and the
+  additive backward share), and the chunked backward of gated linear attention
+  (:func:`additive_chunks_backward`, which linear attention's and the SSD's call);
 - :func:`flat`, which merges leading axes; the softmax attention's
   :func:`row_softmax` and :func:`softmax_scale`; the SSM's :func:`segment_sums` and
   the pair scan :func:`scan_pairs` behind :func:`fixedstate.ssm.associative_scan`.
@@ -51,6 +57,7 @@ __all__ = [
     "matmul", "matmul_add", "recording_products",
     "GROUP_BYTES", "RANGE_BYTES", "chunks_per_group",
     "scalar_prep", "kda_prep", "state_pass", "delta_chunks", "delta_step", "delta_scan", "additive_scan",
+    "chunk_tokens", "unchunk", "scalar_chunk_decays", "chunk_gate_gradient", "additive_chunks_backward",
     "ssd_decay_mask", "ssd_state",
     "row_softmax", "softmax_scale", "segment_sums", "scan_pairs",
 ]
@@ -667,6 +674,141 @@ def delta_chunks(q, k, v, beta, log_gate, S, scale, chunk_size, channelwise, *, 
     if scale != 1.0:
         outputs = outputs * dtype.type(scale)
     return outputs, S
+
+
+# --------------------------------------------------------------------------- chunkwise backward passes
+#
+# The backward passes of the chunked forms (chapter 9, "How a chunkwise backward follows"). Both run the
+# same three passes: the chunk states again (forwards over the chunks, S_0 of every chunk), the state's
+# gradient (backwards over the chunks, dS_C of every chunk: eq-bw-chunk-state), then every chunk's
+# gradients at once, as products of (C, C) and (C, d) blocks. The decays inside a chunk are products of
+# per-token decays <= 1 (chunk_decays), and the gradients of the log-decays are read off the gradients of
+# those products (chunk_gate_gradient).
+
+def chunk_tokens(x, chunk_size, fill=0.0):
+    """``x`` (B, T, ...) cut into chunks and merged: (B * n, C2, ...), C2 the padded chunk (:func:`split_chunks`)."""
+    c = split_chunks(x, fill, chunk_size=chunk_size)
+    return c.reshape((-1,) + c.shape[2:])
+
+
+def scalar_chunk_decays(log_gate, chunk_size, dtype):
+    """The decays of every chunk for scalar gates (``eq-dr-chunk-out``, ``eq-dr-chunk-state``).
+
+    ``log_gate``: (B, T) log-decays <= 0. Returns ``decay``
+    (N, C2, C2) with ``e^{b_r - b_i}`` for ``i <= r`` and 0 above the diagonal, ``gamma``
+    ``e^{b_r}`` and ``to_end`` ``e^{b_C - b_r}`` (N, C2), N = B n the chunks of
+    :func:`chunk_tokens`; padding tokens have decay 1.
+    """
+    B, T = log_gate.shape
+    C2, n = chunk_grid(T, chunk_size)
+    N = B * n
+    alpha = chunk_tokens(np.exp(log_gate), chunk_size, fill=1.0).astype(dtype, copy=False)
+    decay = np.zeros((N, C2, C2), dtype=dtype)
+    decay.reshape(N, C2 * C2)[:, ::C2 + 1] = 1.0
+    gamma, to_end = chunk_decays(alpha, decay=decay)
+    return decay, gamma, to_end
+
+
+def chunk_gate_gradient(z, d_gamma, d_to_end, gamma, to_end):
+    """The gradient of each token's log-decay from the gradients of its chunk's decays (chapter 9).
+
+    Inside a chunk the forms read the log-decays ``gamma_t`` only through the partial sums
+    ``b_r = gamma_1 + ... + gamma_r``, in three kinds of decay: ``D_ri = e^{b_r - b_i}``
+    (``i <= r``), ``Gamma_r = e^{b_r}`` and ``e^{b_C - b_r}``. ``z``: (N, C, C), the gradient of
+    ``D`` times ``D`` entry by entry; ``d_gamma``, ``d_to_end``: (N, C), the gradients of the
+    other two; ``gamma``, ``to_end``: (N, C), their values. With ``db_r`` the gradient of
+    ``b_r`` (row sum minus column sum of ``z``, plus ``Gamma_r dGamma_r``, minus
+    ``e^{b_C - b_r} d(e^{b_C - b_r})``, and their sum at ``r = C``), the gradient of
+    ``gamma_t`` is ``sum_{r >= t} db_r``. Returns (N, C).
+    """
+    ends = to_end * d_to_end
+    db = z.sum(axis=-1) - z.sum(axis=-2) + gamma * d_gamma - ends
+    db[:, -1] += ends.sum(axis=-1)
+    return np.cumsum(db[:, ::-1], axis=-1)[:, ::-1]
+
+
+@one_blas_thread
+def additive_chunks_backward(q, k, v, log_gate, S, d_out, d_final, scale, chunk_size):
+    """The chunked backward of (gated) linear attention, ``eq-bw-la-state`` chunk by chunk; one BLAS thread.
+
+    The forward is ``S_t = g_t S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t`` with
+    ``g_t = e^{log_gate_t}``; per chunk (``eq-la-chunkwise`` with decays) ``O = c (diag(Gamma) Q S_0
+    + M V)`` and ``S_C = Gamma_C S_0 + Kbar^T V``, ``M = Q K^T o D``, ``Kbar = diag(e^{b_C - b}) K``.
+    Backwards, ``dS_0 = Gamma_C dS_C + c Q^T diag(Gamma) dO`` carries the state's gradient over the
+    chunks, and inside a chunk ``dV = c M^T dO + Kbar dS_C``, ``dM = c dO V^T``,
+    ``dQ = (dM o D) K + c diag(Gamma) dO S_0^T``, ``dK = (dM o D)^T Q + diag(e^{b_C - b}) V dS_C^T``.
+
+    ``q, k``: (B, T, d_k); ``v``, ``d_out``: (B, T, d_v); ``log_gate``: (B, T) or None;
+    ``S``, ``d_final``: (B, d_k, d_v) or None (zeros). Returns ``dq, dk, dv`` (B, T, d), ``dlog_gate``
+    (B, T) or None, and the gradient of the initial state (B, d_k, d_v).
+    :func:`fixedstate.linear_attention.linear_attention_chunkwise_backward` and
+    :func:`fixedstate.ssm.ssd_chunkwise_backward` call it.
+    """
+    B, T, d_k = k.shape
+    d_v = v.shape[-1]
+    dtype = v.dtype
+    C2, n = chunk_grid(T, chunk_size)
+    N = B * n
+    Q, K, V = (chunk_tokens(x, chunk_size) for x in (q, k, v))
+    G = chunk_tokens(d_out, chunk_size)
+    if scale != 1.0:
+        G = G * dtype.type(scale)
+    if log_gate is None:
+        decay = np.broadcast_to(np.tri(C2, dtype=dtype), (N, C2, C2))
+        gamma = to_end = None
+    else:
+        decay, gamma, to_end = scalar_chunk_decays(log_gate, chunk_size, dtype)
+    Kbar = K if to_end is None else K * to_end[..., None]
+    # the chunk states S_0 of every chunk, forwards over the chunks
+    written = matmul(Kbar.swapaxes(-1, -2), V).reshape(B, n, d_k, d_v)
+    last = None if gamma is None else gamma[:, -1].reshape(B, n)
+    starts = np.empty((B, n, d_k, d_v), dtype=dtype)
+    state = np.zeros((B, d_k, d_v), dtype=dtype) if S is None else S.astype(dtype, copy=True)
+    for j in range(n):
+        starts[:, j] = state
+        if last is not None:
+            state *= last[:, j, None, None]
+        state += written[:, j]
+    # the state's gradient dS_C of every chunk, backwards over the chunks (eq-bw-chunk-state without the erase)
+    QG = Q if gamma is None else Q * gamma[..., None]
+    read = matmul(QG.swapaxes(-1, -2), G).reshape(B, n, d_k, d_v)
+    d_ends = np.empty((B, n, d_k, d_v), dtype=dtype)
+    dS = np.zeros((B, d_k, d_v), dtype=dtype) if d_final is None else d_final.astype(dtype, copy=True)
+    for j in range(n - 1, -1, -1):
+        d_ends[:, j] = dS
+        if last is not None:
+            dS *= last[:, j, None, None]
+        dS += read[:, j]
+    starts, d_ends = starts.reshape(N, d_k, d_v), d_ends.reshape(N, d_k, d_v)
+    # every chunk's gradients at once
+    M = matmul(Q, K.swapaxes(-1, -2))
+    M *= decay
+    dM = matmul(G, V.swapaxes(-1, -2))                                # c dO V^T (only i <= r is read)
+    dP = dM * decay
+    dv = matmul(M.swapaxes(-1, -2), G)
+    dv += matmul(Kbar, d_ends)
+    dq = matmul(dP, K)
+    dq += matmul(G, starts.swapaxes(-1, -2)) * (1.0 if gamma is None else gamma[..., None])
+    V_dS = matmul(V, d_ends.swapaxes(-1, -2))                         # V dS_C^T, the gradient of Kbar
+    dk = matmul(dP.swapaxes(-1, -2), Q)
+    dk += V_dS if to_end is None else V_dS * to_end[..., None]
+    dlog = None
+    if gamma is not None:
+        z = dM * M                                                    # dD o D
+        d_gamma = np.einsum("ncp,ncp->nc", matmul(Q, starts), G)
+        d_gamma[:, -1] += np.einsum("nkp,nkp->n", starts, d_ends)     # Gamma_C S_0 in S_C
+        d_to_end = np.einsum("nck,nck->nc", V_dS, K)
+        dlog = chunk_gate_gradient(z, d_gamma, d_to_end, gamma, to_end)
+        dlog = unchunk(dlog[..., None], B, T, chunk_size)[..., 0]
+    return (unchunk(dq, B, T, chunk_size), unchunk(dk, B, T, chunk_size), unchunk(dv, B, T, chunk_size),
+            dlog, dS)
+
+
+def unchunk(x, B, T, chunk_size):
+    """The inverse of :func:`chunk_tokens`: (B * n, C2, d) back to (B, T, d), the padding dropped."""
+    C2, n = chunk_grid(T, chunk_size)
+    x = x.reshape(B, n, C2, x.shape[-1])[:, :, :chunk_size]
+    return x.reshape(B, n * chunk_size, x.shape[-1])[:, :T]
 
 
 # --------------------------------------------------------------------------- softmax attention's rows

@@ -37,7 +37,7 @@ import numpy as np
 from ._grad import sum_to, time_major
 from ._validate import (as_float_array, as_float_batch, broadcast_leading, check_dim, check_log_gate,
                         check_positive_int, check_real_number, check_same_length, float_dtype)
-from .kernels import additive_scan, row_softmax, softmax_scale
+from .kernels import additive_chunks_backward, additive_scan, flat, row_softmax, softmax_scale
 
 __all__ = [
     "elu_plus_one",
@@ -53,6 +53,7 @@ __all__ = [
     "draw_linformer_projection",
     "linformer_attention",
     "linear_attention_backward",
+    "linear_attention_chunkwise_backward",
 ]
 
 
@@ -406,6 +407,27 @@ def linformer_attention(q, k, v, proj_k, proj_v, *, scale=None):
 
 # ---------------------------------------------------------------- the backward pass
 
+def _backward_args(q, k, v, d_out, log_gate, scale, initial_state, d_final_state):
+    """Validate the arguments of a backward pass: the dtype, the leading shape, ``fit`` (cast and broadcast
+    to the leading axes) and the checked arrays (None where an optional one is left out)."""
+    dtype = float_dtype(q, k, v, d_out, log_gate, initial_state, d_final_state)   # float16 counts as float32
+    _, q, k, v, s0, _, c = _prepare(q, k, v, identity_feature_map, False, 1e-12, scale, initial_state)
+    T, d_k, d_v = q.shape[-2], q.shape[-1], v.shape[-1]
+    d_out = as_float_batch(d_out, "d_out", (T, d_v), ("T", "d_v"))
+    items = [("q", q, 2), ("k", k, 2), ("v", v, 2), ("d_out", d_out, 2)]
+    if log_gate is not None:
+        log_gate = check_log_gate(as_float_batch(log_gate, "log_gate", (T,), ("T",), allow_nonfinite=True))
+        items.append(("log_gate", log_gate, 1))
+    if s0 is not None:
+        s0 = as_float_batch(initial_state, "initial_state", (d_k, d_v), ("d_k", "d_v"))
+        items.append(("initial_state", s0, 2))
+    if d_final_state is not None:
+        d_final_state = as_float_batch(d_final_state, "d_final_state", (d_k, d_v), ("d_k", "d_v"))
+        items.append(("d_final_state", d_final_state, 2))
+    lead = broadcast_leading(*items)
+    fit = lambda a, n: np.broadcast_to(a.astype(dtype, copy=False), lead + a.shape[a.ndim - n:])  # noqa: E731
+    return dtype, lead, fit, (q, k, v, d_out, log_gate, s0, d_final_state, c)
+
 def linear_attention_backward(q, k, v, d_out, *, log_gate=None, scale=1.0, initial_state=None,
                               d_final_state=None):
     """The gradients of un-normalised linear attention (``eq-la-recurrent``), optionally gated: ``eq-bw-la-grads``.
@@ -451,22 +473,9 @@ def linear_attention_backward(q, k, v, d_out, *, log_gate=None, scale=1.0, initi
     Every gradient is summed over the leading axes along which its input was
     broadcast, and has the common floating precision of the arguments.
     """
-    dtype = float_dtype(q, k, v, d_out, log_gate, initial_state, d_final_state)   # float16 counts as float32
-    _, q, k, v, s0, _, c = _prepare(q, k, v, identity_feature_map, False, 1e-12, scale, initial_state)
+    dtype, lead, fit, (q, k, v, d_out, log_gate, s0, d_final_state, c) = _backward_args(
+        q, k, v, d_out, log_gate, scale, initial_state, d_final_state)
     T, d_k, d_v = q.shape[-2], q.shape[-1], v.shape[-1]
-    d_out = as_float_batch(d_out, "d_out", (T, d_v), ("T", "d_v"))
-    items = [("q", q, 2), ("k", k, 2), ("v", v, 2), ("d_out", d_out, 2)]
-    if log_gate is not None:
-        log_gate = check_log_gate(as_float_batch(log_gate, "log_gate", (T,), ("T",), allow_nonfinite=True))
-        items.append(("log_gate", log_gate, 1))
-    if s0 is not None:
-        s0 = as_float_batch(initial_state, "initial_state", (d_k, d_v), ("d_k", "d_v"))
-        items.append(("initial_state", s0, 2))
-    if d_final_state is not None:
-        d_final_state = as_float_batch(d_final_state, "d_final_state", (d_k, d_v), ("d_k", "d_v"))
-        items.append(("d_final_state", d_final_state, 2))
-    lead = broadcast_leading(*items)
-    fit = lambda a, n: np.broadcast_to(a.astype(dtype, copy=False), lead + a.shape[a.ndim - n:])  # noqa: E731
     # time-major copies (token t is Q[t], contiguous), broadcast to the leading axes
     Q, K, V, dO = (time_major(fit(a, 2), -2) for a in (q, k, v, d_out))
     gates = None if log_gate is None else time_major(np.exp(fit(log_gate, 1)), -1)   # g_t = exp(log_gate_t)
@@ -500,3 +509,32 @@ def linear_attention_backward(q, k, v, d_out, *, log_gate=None, scale=1.0, initi
     return (sum_to(dq, q.shape), sum_to(dk, k.shape), sum_to(dv, v.shape),
             None if dgate is None else sum_to(np.moveaxis(dgate, 0, -1), log_gate.shape),
             dS if s0 is None else sum_to(dS, s0.shape))
+
+
+def linear_attention_chunkwise_backward(q, k, v, d_out, *, log_gate=None, scale=1.0, initial_state=None,
+                                        d_final_state=None, chunk_size=64):
+    """The gradients of un-normalised linear attention, optionally gated, chunk by chunk: ``eq-bw-la-state`` per chunk.
+
+    The same five gradients as :func:`linear_attention_backward` (same arguments, shapes and
+    results), in the chunkwise order of :func:`linear_attention_chunkwise`: the chunk states
+    are recomputed forwards over the chunks, the state's gradient ``dS`` is carried backwards
+    over them (``dS <- Gamma_C dS + scale * Q^T diag(Gamma) dO`` per chunk), and inside every
+    chunk the gradients are products of ``(C, C)`` and ``(C, d)`` blocks, for all chunks at
+    once (:func:`fixedstate.kernels.additive_chunks_backward`). ``chunk_size`` (an integer
+    >= 1; the length need not be a multiple of it) changes the order of the sums, not the result.
+    """
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    shapes = {"q": np.shape(q), "k": np.shape(k), "v": np.shape(v), "log_gate": np.shape(log_gate),
+              "initial_state": np.shape(initial_state)}
+    dtype, lead, fit, (q, k, v, d_out, log_gate, s0, d_final_state, c) = _backward_args(
+        q, k, v, d_out, log_gate, scale, initial_state, d_final_state)
+    T, d_k, d_v = q.shape[-2], q.shape[-1], v.shape[-1]
+    flat_all = lambda a, n: None if a is None else flat(np.ascontiguousarray(fit(a, n)), lead, n)   # noqa: E731
+    dq, dk, dv, dlog, dS = additive_chunks_backward(
+        flat_all(q, 2), flat_all(k, 2), flat_all(v, 2), flat_all(log_gate, 1), flat_all(s0, 2),
+        flat_all(d_out, 2), flat_all(d_final_state, 2), c, chunk_size)
+    dS = dS.reshape(lead + (d_k, d_v))
+    return (sum_to(dq.reshape(lead + (T, d_k)), shapes["q"]), sum_to(dk.reshape(lead + (T, d_k)), shapes["k"]),
+            sum_to(dv.reshape(lead + (T, d_v)), shapes["v"]),
+            None if dlog is None else sum_to(dlog.reshape(lead + (T,)), shapes["log_gate"]),
+            dS if s0 is None else sum_to(dS, shapes["initial_state"]))

@@ -24,8 +24,10 @@ form, so the arithmetic lives in the core's module and nowhere else.
   matrix or recurrent form; ``scale`` multiplies the readout (softmax: the logits);
   ``chunk_size`` is the chunk of a chunkwise form (others ignore it); the state (or
   KV cache) carried in and out, as the cores' own signature has it.
-- ``backward(q, k, v, gates, d_out, *, scale) -> (dq, dk, dv, d_gates)``, the
-  gradients of ``forward`` (``d_gates`` a dict with one array per gate).
+- ``backward(q, k, v, gates, d_out, *, scale, chunk_size=BACKWARD_CHUNK) -> (dq, dk, dv, d_gates)``,
+  the gradients of ``forward`` (``d_gates`` a dict with one array per gate): the core's chunkwise
+  backward where it has one (linear attention, DeltaNet, Gated DeltaNet, the SSD), in chunks of
+  ``chunk_size`` tokens, else its token-by-token backward (KDA) or its matrix form (softmax).
 - ``options``: the names of keyword arguments besides those above that the
   entry's three forms require, which a stack passes from its configuration
   (sliding-window attention's ``window``; none for the others).
@@ -52,7 +54,12 @@ from . import softmax_attention as sa
 from . import ssm
 from .layer_ids import DELTA, GATED_DELTA, KDA, LINEAR, SOFTMAX, SSD, SWA, check_layer_id
 
-__all__ = ["Mixer", "MIXERS", "mixer"]
+__all__ = ["Mixer", "MIXERS", "mixer", "BACKWARD_CHUNK"]
+
+#: The chunk of the chunkwise backward passes when the caller names none (the training model does not:
+#: the result does not depend on it, only the time; 32 was the fastest of 16, 32, 64 for the chapter's model
+#: at d = 128, T = 256, see benchmarks/training_step_bench.py).
+BACKWARD_CHUNK = 32
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ def _softmax_forward(q, k, v, gates, *, scale=None, chunk_size=None, initial_sta
     return sa.softmax_attention(q, k, v, causal=True, scale=scale, initial_state=initial_state)
 
 
-def _softmax_backward(q, k, v, gates, d_out, *, scale=None):
+def _softmax_backward(q, k, v, gates, d_out, *, scale=None, chunk_size=None):
     dq, dk, dv = sa.softmax_attention_backward(q, k, v, d_out, causal=True, scale=scale)
     return dq, dk, dv, {}
 
@@ -96,9 +103,10 @@ def _linear_forward(q, k, v, gates, *, scale=1.0, chunk_size=64, initial_state=N
                                          scale=scale, initial_state=initial_state, chunk_size=chunk_size)
 
 
-def _linear_backward(q, k, v, gates, d_out, *, scale=1.0):
-    dq, dk, dv, _, _ = la.linear_attention_backward(q, k, v, d_out, log_gate=None, scale=scale,
-                                                    initial_state=None, d_final_state=None)
+def _linear_backward(q, k, v, gates, d_out, *, scale=1.0, chunk_size=BACKWARD_CHUNK):
+    dq, dk, dv, _, _ = la.linear_attention_chunkwise_backward(q, k, v, d_out, log_gate=None, scale=scale,
+                                                              initial_state=None, d_final_state=None,
+                                                              chunk_size=chunk_size)
     return dq, dk, dv, {}
 
 
@@ -114,9 +122,10 @@ def _delta_forward(q, k, v, gates, *, scale=1.0, chunk_size=64, initial_state=No
                                    chunk_size=chunk_size)
 
 
-def _delta_backward(q, k, v, gates, d_out, *, scale=1.0):
-    dq, dk, dv, dbeta, _ = dr.delta_rule_backward(q, k, v, d_out, beta=gates["beta"], scale=scale,
-                                                  initial_state=None, d_final_state=None)
+def _delta_backward(q, k, v, gates, d_out, *, scale=1.0, chunk_size=BACKWARD_CHUNK):
+    dq, dk, dv, dbeta, _ = dr.delta_rule_chunkwise_backward(q, k, v, d_out, beta=gates["beta"], scale=scale,
+                                                            initial_state=None, d_final_state=None,
+                                                            chunk_size=chunk_size)
     return dq, dk, dv, {"beta": dbeta}
 
 
@@ -129,10 +138,10 @@ def _gated_delta_forward(q, k, v, gates, *, scale=1.0, chunk_size=64, initial_st
                                          initial_state=initial_state, chunk_size=chunk_size)
 
 
-def _gated_delta_backward(q, k, v, gates, d_out, *, scale=1.0):
-    dq, dk, dv, dbeta, dlog_gate, _ = dr.gated_delta_rule_backward(
+def _gated_delta_backward(q, k, v, gates, d_out, *, scale=1.0, chunk_size=BACKWARD_CHUNK):
+    dq, dk, dv, dbeta, dlog_gate, _ = dr.gated_delta_rule_chunkwise_backward(
         q, k, v, d_out, beta=gates["beta"], log_gate=gates["log_gate"], scale=scale,
-        initial_state=None, d_final_state=None)
+        initial_state=None, d_final_state=None, chunk_size=chunk_size)
     return dq, dk, dv, {"beta": dbeta, "log_gate": dlog_gate}
 
 
@@ -146,7 +155,7 @@ def _kda_forward(q, k, v, gates, *, scale=1.0, chunk_size=64, initial_state=None
                             initial_state=initial_state, chunk_size=chunk_size)
 
 
-def _kda_backward(q, k, v, gates, d_out, *, scale=1.0):
+def _kda_backward(q, k, v, gates, d_out, *, scale=1.0, chunk_size=None):
     dq, dk, dv, dbeta, dlog_gate, _ = dr.kda_backward(q, k, v, d_out, beta=gates["beta"],
                                                       log_gate=gates["log_gate"], scale=scale,
                                                       initial_state=None, d_final_state=None)
@@ -164,10 +173,11 @@ def _ssd_forward(q, k, v, gates, *, scale=1.0, chunk_size=None, initial_state=No
     return ssm.ssd_recurrent(v, gates["delta"], gates["a"], k, q, initial_state=initial_state)
 
 
-def _ssd_backward(q, k, v, gates, d_out, *, scale=1.0):
+def _ssd_backward(q, k, v, gates, d_out, *, scale=1.0, chunk_size=BACKWARD_CHUNK):
     _unscaled(scale, SSD)
-    dx, ddelta, da, dB, dC, _, _ = ssm.ssd_backward(v, gates["delta"], gates["a"], k, q, d_out,
-                                                    D=None, initial_state=None, d_final_state=None)
+    dx, ddelta, da, dB, dC, _, _ = ssm.ssd_chunkwise_backward(v, gates["delta"], gates["a"], k, q, d_out,
+                                                              D=None, initial_state=None, d_final_state=None,
+                                                              chunk_size=chunk_size)
     return dC, dB, dx, {"delta": ddelta, "a": da}
 
 
@@ -184,7 +194,7 @@ def _swa_forward(q, k, v, gates, *, window, scale=None, chunk_size=None, initial
     return sa.sliding_window_attention(q, k, v, window=window, scale=scale, initial_state=initial_state)
 
 
-def _swa_backward(q, k, v, gates, d_out, *, window, scale=None):
+def _swa_backward(q, k, v, gates, d_out, *, window, scale=None, chunk_size=None):
     return (*sa.sliding_window_attention_backward(q, k, v, d_out, window=window, scale=scale), {})
 
 

@@ -802,7 +802,7 @@ def ssd_chunkwise(x, delta, a, B, C, *, D=None, initial_state=None, chunk_size=6
 # ---------------------------------------------------------------------------
 # backward passes (chapter 9)
 
-__all__ += ["ssd_backward", "selective_scan_backward"]
+__all__ += ["ssd_backward", "ssd_chunkwise_backward", "selective_scan_backward"]
 
 
 def ssd_backward(x, delta, a, B, C, d_y, *, D=None, initial_state=None, d_final_state=None):
@@ -834,7 +834,28 @@ def ssd_backward(x, delta, a, B, C, d_y, *, D=None, initial_state=None, d_final_
     d_initial_state : the shape of ``initial_state``; when it is None, the gradient
         with respect to a zero initial state, ``(..., N, P)``.
     """
-    from .linear_attention import linear_attention_backward
+    return _ssd_backward(x, delta, a, B, C, d_y, D, initial_state, d_final_state, None)
+
+
+def ssd_chunkwise_backward(x, delta, a, B, C, d_y, *, D=None, initial_state=None, d_final_state=None,
+                           chunk_size=64):
+    """The gradients of Mamba-2's heads chunk by chunk (``eq-fam-ssd-diag`` to ``eq-fam-ssd-read``), ``eq-bw-ssd``.
+
+    The same seven results as :func:`ssd_backward` (same arguments, shapes and results), with
+    the gradients of the gated linear attention underneath computed in the chunked order of
+    :func:`ssd_chunkwise`
+    (:func:`fixedstate.linear_attention.linear_attention_chunkwise_backward`: the chunk
+    states forwards, the state's gradient backwards over the chunks, the rest as products of
+    ``(C, C)`` and ``(C, d)`` blocks for all chunks at once), then the chain rule of
+    ``eq-bw-ssd``. ``chunk_size`` is an integer >= 1; the result does not depend on it.
+    """
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    return _ssd_backward(x, delta, a, B, C, d_y, D, initial_state, d_final_state, chunk_size)
+
+
+def _ssd_backward(x, delta, a, B, C, d_y, D, initial_state, d_final_state, chunk_size):
+    """:func:`ssd_backward` (``chunk_size`` None: the token scan) or :func:`ssd_chunkwise_backward`."""
+    from .linear_attention import linear_attention_backward, linear_attention_chunkwise_backward
 
     shapes = [np.shape(arg) for arg in (x, delta, a, B, C, D)]
     xs, dt, aa, Bb, Cc, Dd, _ = _ssd_args(x, delta, a, B, C, D, initial_state)
@@ -849,7 +870,9 @@ def ssd_backward(x, delta, a, B, C, d_y, *, D=None, initial_state=None, d_final_
     log_gate = aa[..., None] * dt                                        # log g_t = delta_t a
     values = dt[..., None] * xs                                          # v_t = delta_t x_t
     cast = lambda arr: None if arr is None else as_float_array(arr, "").astype(dtype, copy=False)  # noqa: E731
-    dC, dB, dv, dlog_gate, d_state = linear_attention_backward(   # every argument is valid by now
+    core = (linear_attention_backward if chunk_size is None else
+            lambda *args, **kw: linear_attention_chunkwise_backward(*args, **kw, chunk_size=chunk_size))
+    dC, dB, dv, dlog_gate, d_state = core(   # every argument is valid by now
         Cc, Bb, values, d_y, log_gate=log_gate, initial_state=cast(initial_state), d_final_state=cast(d_final_state))
     dx = dt[..., None] * dv + Dd[..., None, None] * d_y
     ddelta = np.sum(xs * dv, axis=-1) + aa[..., None] * dlog_gate
