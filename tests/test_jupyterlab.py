@@ -18,10 +18,13 @@ exercise, solution and appendix notebook in headless Chromium. It fails on:
 It saves a screenshot of each notebook under ``_build/jupyterlab/`` (the top of the
 notebook, and for an exercise notebook its first exercise too).
 
-The kit's environment is kept under ``_build/jupyterlab/kit-venv`` between runs and
-reinstalled when the kit's ``requirements.txt`` changes; the wheel is reinstalled
-every run. Marked ``kit`` (it installs the kit): ``make jupyterlab-test`` runs it,
-``.ci/run`` calls that, ``make test`` leaves it out.
+Run alone (``make jupyterlab-test``), the kit's environment is kept under
+``_build/jupyterlab/kit-venv`` between runs and reinstalled when the kit's
+``requirements.txt`` changes; the wheel is reinstalled every run. Run with the kit
+tests (``make kit-tests``, which ``.ci/run`` calls), it uses the fresh environment
+those install per the README, one installation for both. Marked ``kit`` (it installs
+the kit): ``make test`` leaves it out. The notebooks open in several tabs of the one
+browser at a time.
 """
 
 from __future__ import annotations
@@ -61,8 +64,18 @@ RAW_SYNTAX = re.compile(r"\{(?:ref|eq|numref|eval|prf:[a-z]+|glue(?::[a-z]+)?|ci
 EXERCISE_TITLE = re.compile(r"^(?:Start of )?Exercise \d+(?:\.\d+)? \(.*\b\d+ points?\)\)?$", re.S)
 
 
-def _kit_env() -> Path:
-    """The student kit installed per its README into ``_build/jupyterlab/kit-venv``; its python."""
+def _kit_env(request) -> Path:
+    """The python of the student kit's environment.
+
+    Run with the kit tests (``make kit-tests``, which .ci/run calls), the environment those install
+    per the README into a fresh venv (tests/conftest.py), once for both. Run alone (``make
+    jupyterlab-test``), the kit installed per its README into ``_build/jupyterlab/kit-venv``, kept
+    between runs while the kit's ``requirements.txt`` is unchanged, the wheel reinstalled every run."""
+    if any("kit_env" in item.fixturenames for item in request.session.items):
+        folder, python, _ = request.getfixturevalue("student_kit_install")
+        assert "jupyterlab-myst==" in (folder / "requirements.txt").read_text().lower().replace("_", "-"), \
+            "the kit's requirements.txt does not install jupyterlab-myst"
+        return python
     build = OUT / "kit"
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
@@ -97,12 +110,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def lab():
+def lab(request):
     """``jupyter lab`` of the kit's environment on the repository, localhost only: (url, token)."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"headless Chromium not found at {CHROMIUM}: install Debian's `chromium` package "
                     "(bash tools/system_deps.sh chromium) or set CHROMIUM to its path")
-    python = _kit_env()
+    python = _kit_env(request)
     listed = subprocess.run([str(python), "-m", "jupyter", "labextension", "list"], capture_output=True, text=True)
     assert re.search(r"jupyterlab-myst v\S+ .*enabled", listed.stdout + listed.stderr), \
         "jupyterlab-myst is not an enabled extension of the kit's JupyterLab:\n" + listed.stdout + listed.stderr
