@@ -23,7 +23,8 @@ Run alone (``make jupyterlab-test``), the kit's environment is kept under
 ``requirements.txt`` changes; the wheel is reinstalled every run. Run with the kit
 tests (``make kit-tests``, which ``.ci/run`` calls), it uses the fresh environment
 those install per the README, one installation for both. Marked ``kit`` (it installs
-the kit): ``make test`` leaves it out. The notebooks open in several tabs of the one
+the kit): ``make test`` leaves it out. Three notebooks are open at a time, each in a
+tab and a JupyterLab workspace of its own (``JUPYTERLAB_TABS_AT_ONCE``). The notebooks open in several tabs of the one
 browser at a time.
 """
 
@@ -190,11 +191,39 @@ def _stored_values(rel: str) -> list[list[str]]:
     return out
 
 
-def _shut_down_kernels(url, token):
+def _shut_down_kernels(url, token, rel=None):
+    """Shut down the kernel sessions of the notebook ``rel`` (of every notebook with ``rel=None``)."""
     req = urllib.request.Request(f"{url}/api/sessions?token={token}")
     for s in json.loads(urllib.request.urlopen(req, timeout=10).read()):
-        urllib.request.urlopen(urllib.request.Request(f"{url}/api/sessions/{s['id']}?token={token}",
-                                                      method="DELETE"), timeout=10)
+        if rel is None or s.get("path") == rel:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/api/sessions/{s['id']}?token={token}",
+                                                          method="DELETE"), timeout=10)
+
+
+#: How many notebooks are open at once: the one under test and the next ones, each in a tab (a context)
+#: of its own with a JupyterLab workspace of its own, so that one notebook loads while another is checked.
+TABS_AT_ONCE = int(os.environ.get("JUPYTERLAB_TABS_AT_ONCE", "3"))
+
+
+def _begin(browser, url, token, rel):
+    """A tab sent to the notebook ``rel`` in a workspace of its own (JupyterLab saves a workspace's layout
+    on the server: tabs open at once must not share one); returns at once, while JupyterLab loads."""
+    page = browser.new_page(viewport={"width": 1280, "height": 1600})
+    console = []
+    page.on("console", lambda m: console.append(m.text))
+    workspace = re.sub(r"[^A-Za-z0-9]+", "-", rel.removesuffix(".ipynb"))
+    page.goto(f"{url}/lab/workspaces/{workspace}/tree/{rel}?reset&token={token}", wait_until="commit")
+    return page, console
+
+
+@pytest.fixture(scope="module")
+def tabs(lab, browser):
+    """Tabs begun ahead of their tests: {notebook: (page, console)}; whatever is left is closed at the end."""
+    begun = {}
+    yield begun
+    for page, _ in begun.values():
+        page.close()
+    _shut_down_kernels(*lab)
 
 
 RENDERED = r"""() => {
@@ -217,14 +246,17 @@ RENDERED = r"""() => {
 
 
 @pytest.mark.parametrize("rel", NOTEBOOKS)
-def test_the_notebook_renders_in_jupyterlab_without_markup_math_errors_or_unnumbered_exercises(lab, browser, rel):
+def test_the_notebook_renders_in_jupyterlab_without_markup_math_errors_or_unnumbered_exercises(lab, browser, tabs,
+                                                                                                   request, rel):
     url, token = lab
     sources = _markdown_cells(rel)
-    page = browser.new_page(viewport={"width": 1280, "height": 1600})
-    console = []
-    page.on("console", lambda m: console.append(m.text))
+    order = [item.callspec.params["rel"] for item in request.session.items
+             if item.originalname == request.node.originalname and "rel" in item.callspec.params]
+    for ahead in order[order.index(rel):][:max(1, TABS_AT_ONCE)] if rel in order else [rel]:
+        if ahead not in tabs:
+            tabs[ahead] = _begin(browser, url, token, ahead)
+    page, console = tabs.pop(rel)
     try:
-        page.goto(f"{url}/lab/tree/{rel}?reset&token={token}")
         page.wait_for_function(
             f"() => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-MarkdownCell .myst')"
             f".length >= {len(sources)}", timeout=120_000)
@@ -239,7 +271,7 @@ def test_the_notebook_renders_in_jupyterlab_without_markup_math_errors_or_unnumb
             page.screenshot(path=str(shot.with_name(shot.stem + "__exercise.png")))
     finally:
         page.close()
-        _shut_down_kernels(url, token)
+        _shut_down_kernels(url, token, rel)
 
     assert len(cells) == len(sources), f"{rel}: {len(cells)} markdown cells shown, {len(sources)} in the file"
     values = _stored_values(rel)

@@ -65,9 +65,10 @@ done
 
 # The student kit's installation into fresh environments (-m kit) takes minutes: .ci/run runs it after this.
 # Schedule (two cores): only the built site's tests need the builds. The unit tests and nbval, which
-# keep every core busy for minutes, start at once beside the two strict builds, at a lower priority
-# (nice): the builds, and then the site and browser tests (waits on Chromium more than CPU: about a
-# third of a core), go first, and the unit tests and notebooks fill every cycle they leave.
+# keep every core busy for minutes, start at once beside the two strict builds, at a slightly lower
+# priority (nice 3, about half the share: more would starve them on a machine others share): the
+# builds, and then the site and browser tests (which wait on Chromium more than they compute: about
+# a third of a core), go first, and the unit tests and notebooks fill the cycles they leave.
 # The unit tests take the full hypothesis profile and real timings, whatever the caller's shell exports.
 # The builds are recorded against the tree they read (tools/strict_builds.sh), so that make test-pdf reuses them.
 TREE=$(bash tools/strict_builds.sh --digest)
@@ -78,9 +79,9 @@ NBVAL="notebooks (nbval)"
 BOOK="book build (-W -n --keep-going)"
 STUDENT="student edition build (-W -n --keep-going)"
 SITE="built site: student-edition and student-kit leak tests, downloads, browser test"
-start "$UNIT" "FIXEDSTATE_TEST_PROFILE=full FIXEDSTATE_TIMING= nice -n 10 $BIN/python -m pytest tests -q \
+start "$UNIT" "FIXEDSTATE_TEST_PROFILE=full FIXEDSTATE_TIMING= nice -n 3 $BIN/python -m pytest tests -q \
   -m 'not browser and not site and not kit and not grade_attack and not pdf' -p no:cacheprovider -n $WORKERS --dist loadscope"
-start "$NBVAL" "FIXEDSTATE_TIMING=once nice -n 10 $BIN/python -m pytest --nbval --nbval-current-env \
+start "$NBVAL" "FIXEDSTATE_TIMING=once nice -n 3 $BIN/python -m pytest --nbval --nbval-current-env \
   --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider -q \
   -n $WORKERS --dist loadfile ${NOTEBOOK_DIRS[*]}"
 start "$BOOK" "$BIN/jupyter-book build . --builder html -W -n --keep-going"
