@@ -126,6 +126,11 @@ def lab(request):
     settings.mkdir(parents=True)
     # every cell rendered, not only those in view (JupyterLab 4 renders a window of cells by default)
     (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    # no autosave: JupyterLab marks a notebook changed when it writes its kernel's display name into the
+    # metadata, and would save it into the repository after two minutes open (the tests check the files)
+    docmanager = home / "settings" / "@jupyterlab" / "docmanager-extension"
+    docmanager.mkdir(parents=True)
+    (docmanager / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
     news = home / "settings" / "@jupyterlab" / "apputils-extension"
     news.mkdir(parents=True)
     (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
@@ -213,7 +218,7 @@ def _begin(browser, url, token, rel):
     page.on("console", lambda m: console.append(m.text))
     workspace = re.sub(r"[^A-Za-z0-9]+", "-", rel.removesuffix(".ipynb"))
     page.goto(f"{url}/lab/workspaces/{workspace}/tree/{rel}?reset&token={token}", wait_until="commit")
-    return page, console
+    return page, console, hashlib.sha256((ROOT / rel).read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +226,7 @@ def tabs(lab, browser):
     """Tabs begun ahead of their tests: {notebook: (page, console)}; whatever is left is closed at the end."""
     begun = {}
     yield begun
-    for page, _ in begun.values():
+    for page, _, _ in begun.values():
         page.close()
     _shut_down_kernels(*lab)
 
@@ -255,7 +260,7 @@ def test_the_notebook_renders_in_jupyterlab_without_markup_math_errors_or_unnumb
     for ahead in order[order.index(rel):][:max(1, TABS_AT_ONCE)] if rel in order else [rel]:
         if ahead not in tabs:
             tabs[ahead] = _begin(browser, url, token, ahead)
-    page, console = tabs.pop(rel)
+    page, console, digest = tabs.pop(rel)
     try:
         page.wait_for_function(
             f"() => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-MarkdownCell .myst')"
@@ -273,6 +278,8 @@ def test_the_notebook_renders_in_jupyterlab_without_markup_math_errors_or_unnumb
         page.close()
         _shut_down_kernels(url, token, rel)
 
+    assert hashlib.sha256((ROOT / rel).read_bytes()).hexdigest() == digest, \
+        f"{rel}: JupyterLab changed the file while the test had it open"
     assert len(cells) == len(sources), f"{rel}: {len(cells)} markdown cells shown, {len(sources)} in the file"
     values = _stored_values(rel)
     problems = []
