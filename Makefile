@@ -22,6 +22,7 @@ help:
 	@echo "make test          run the whole test suite (unit tests, nbval, strict build, browser, student edition)"
 	@echo "make test-quick    the inner loop: unit tests (a tenth of the hypothesis examples), nbval on notebooks changed since main"
 	@echo "make lab           open JupyterLab on the book with the package importable (and jupyterlab-myst)"
+	@echo "make kit-tests     the student kit installed per its README into a fresh venv, a chapter and an exercise run there, and make jupyterlab-test on it"
 	@echo "make jupyterlab-test every notebook in JupyterLab from the student kit's environment, checked in headless Chromium"
 	@echo "make execute       re-execute every notebook in place from a clean kernel"
 	@echo "make bench         time the chunkwise delta rule against the recurrence and the GEMM limit, and chapter 9's training step against torch"
@@ -89,11 +90,11 @@ student-pdf: student-book
 
 # Both HTML editions built (strict), then tests/test_pdf.py prints both PDFs and reads them back;
 # tools/system_deps.sh also installs pdftoppm (poppler-utils), to draw pages of them as pictures.
+# The strict builds make test made are reused when they were built from the tree as it is now
+# (tools/strict_builds.sh --reuse; .ci/run calls make test first); otherwise both are built here.
 test-pdf: $(STAMP) $(ASSET_STAMP)
 	bash tools/system_deps.sh chromium pdftoppm
-	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
-	$(BIN)/python tools/student_toc.py _toc.yml _build/student_toc.yml
-	$(BIN)/jupyter-book build . --builder html --toc _build/student_toc.yml --path-output _build/student -W -n --keep-going
+	bash tools/strict_builds.sh --reuse
 	$(BIN)/python -m pytest tests/test_pdf.py -m pdf -q -p no:cacheprovider -s
 
 # The notebooks students run (chapters, exercises; no solutions), the wheel, requirements.txt
@@ -103,10 +104,17 @@ student-kit: $(STAMP)
 
 # The kit unpacked outside the repository, installed per its README into a fresh venv (PyPI for
 # the pinned dependencies), a chapter and an exercise run from it; minutes, so .ci/run runs it
-# after make test rather than make test itself.
+# after make test rather than make test itself (make kit-tests, with the JupyterLab test below).
 .PHONY: kit-test
 kit-test: $(STAMP)
 	$(BIN)/python -m pytest tests/test_kit.py -q -m kit -p no:cacheprovider
+
+# The two above in one run, on one installation of the kit per its README into a fresh venv (tests/conftest.py):
+# what .ci/run calls.
+.PHONY: kit-tests
+kit-tests: $(STAMP)
+	bash tools/system_deps.sh chromium
+	$(BIN)/python -m pytest tests/test_kit.py tests/test_jupyterlab.py -q -m kit -p no:cacheprovider
 
 # Every chapter, exercise, solution and appendix notebook opened in JupyterLab (jupyterlab-myst) from
 # the student kit's environment, in headless Chromium: no MyST markup left, no math error, every

@@ -65,15 +65,23 @@ class PageLog:
             self.foreign.append(request.url)
 
 
-def open_page(browser, path):
+def begin_page(browser, path):
+    """A new context and page, offline, with its log listening, sent to ``path``: returns at once, while
+    the page loads (its requests, MathJax and widgets are the browser's to run, beside other pages)."""
     context = browser.new_context(offline=True, viewport={"width": 1200, "height": 900})
     context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(
         ("file://", "data:", "blob:")) else route.abort())
     page = context.new_page()
     log = PageLog(page)
-    page.goto(path.as_uri(), wait_until="load")
+    page.goto(path.as_uri(), wait_until="commit")
+    return context, page, log
+
+
+def settle(context, page, log):
+    """Wait until the page begun by :func:`begin_page` has loaded, typeset its math and drawn its widgets."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+    page.wait_for_load_state("load")
     try:
         page.wait_for_function(
             "() => !window.MathJax || (window.MathJax.startup && window.MathJax.startup.promise)",
@@ -105,12 +113,44 @@ def page_params(paths):
                          marks=pytest.mark.xdist_group(p.relative_to(SITE).as_posix())) for p in paths]
 
 
+#: How many pages load at once: the one under test and the next ones, each in its own context (and
+#: renderer process) of the one browser, so that one page's loading overlaps another's checks.
+PAGES_AT_ONCE = int(os.environ.get("BROWSER_PAGES_AT_ONCE", "4"))
+
+
 @pytest.fixture(scope="module")
-def loaded(browser, request):
+def begun(browser):
+    """Pages begun ahead of their tests: {path: (context, page, log)}; whatever is left is closed at the end."""
+    pending = {}
+    yield pending
+    for context, _, _ in pending.values():
+        context.close()
+
+
+def _page_order(session) -> list:
+    """The pages in the order the collected tests will open them (each once: the parameter is module-scoped)."""
+    order = []
+    for item in session.items:
+        path = getattr(item, "callspec", None) and item.callspec.params.get("loaded")
+        if path is not None and path not in order:
+            order.append(path)
+    return order
+
+
+@pytest.fixture(scope="module")
+def loaded(browser, begun, request):
     """The page opened once for all the tests that look at it (pytest runs them together: the
     parameter is module-scoped). The load test runs first, on the page as loaded; the slider
-    test then moves the sliders; the equation test measures widths, which sliders do not change."""
-    context, page, log = open_page(browser, request.param)
+    test then moves the sliders; the equation test measures widths, which sliders do not change.
+    The next pages in the tests' order begin loading now, in contexts of their own, so that
+    the browser loads them while this one is checked (``BROWSER_PAGES_AT_ONCE``, 1 for one at a time)."""
+    path = request.param
+    order = _page_order(request.session)
+    ahead = order[order.index(path):][:max(1, PAGES_AT_ONCE)] if path in order else [path]
+    for p in ahead:
+        if p not in begun:
+            begun[p] = begin_page(browser, p)
+    context, page, log = settle(*begun.pop(path))
     yield page, log
     context.close()
 

@@ -18,10 +18,14 @@ exercise, solution and appendix notebook in headless Chromium. It fails on:
 It saves a screenshot of each notebook under ``_build/jupyterlab/`` (the top of the
 notebook, and for an exercise notebook its first exercise too).
 
-The kit's environment is kept under ``_build/jupyterlab/kit-venv`` between runs and
-reinstalled when the kit's ``requirements.txt`` changes; the wheel is reinstalled
-every run. Marked ``kit`` (it installs the kit): ``make jupyterlab-test`` runs it,
-``.ci/run`` calls that, ``make test`` leaves it out.
+Run alone (``make jupyterlab-test``), the kit's environment is kept under
+``_build/jupyterlab/kit-venv`` between runs and reinstalled when the kit's
+``requirements.txt`` changes; the wheel is reinstalled every run. Run with the kit
+tests (``make kit-tests``, which ``.ci/run`` calls), it uses the fresh environment
+those install per the README, one installation for both. Marked ``kit`` (it installs
+the kit): ``make test`` leaves it out. Three notebooks are open at a time, each in a
+tab and a JupyterLab workspace of its own (``JUPYTERLAB_TABS_AT_ONCE``). The notebooks open in several tabs of the one
+browser at a time.
 """
 
 from __future__ import annotations
@@ -61,8 +65,18 @@ RAW_SYNTAX = re.compile(r"\{(?:ref|eq|numref|eval|prf:[a-z]+|glue(?::[a-z]+)?|ci
 EXERCISE_TITLE = re.compile(r"^(?:Start of )?Exercise \d+(?:\.\d+)? \(.*\b\d+ points?\)\)?$", re.S)
 
 
-def _kit_env() -> Path:
-    """The student kit installed per its README into ``_build/jupyterlab/kit-venv``; its python."""
+def _kit_env(request) -> Path:
+    """The python of the student kit's environment.
+
+    Run with the kit tests (``make kit-tests``, which .ci/run calls), the environment those install
+    per the README into a fresh venv (tests/conftest.py), once for both. Run alone (``make
+    jupyterlab-test``), the kit installed per its README into ``_build/jupyterlab/kit-venv``, kept
+    between runs while the kit's ``requirements.txt`` is unchanged, the wheel reinstalled every run."""
+    if any("kit_env" in item.fixturenames for item in request.session.items):
+        folder, python, _ = request.getfixturevalue("student_kit_install")
+        assert "jupyterlab-myst==" in (folder / "requirements.txt").read_text().lower().replace("_", "-"), \
+            "the kit's requirements.txt does not install jupyterlab-myst"
+        return python
     build = OUT / "kit"
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
@@ -97,12 +111,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def lab():
+def lab(request):
     """``jupyter lab`` of the kit's environment on the repository, localhost only: (url, token)."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"headless Chromium not found at {CHROMIUM}: install Debian's `chromium` package "
                     "(bash tools/system_deps.sh chromium) or set CHROMIUM to its path")
-    python = _kit_env()
+    python = _kit_env(request)
     listed = subprocess.run([str(python), "-m", "jupyter", "labextension", "list"], capture_output=True, text=True)
     assert re.search(r"jupyterlab-myst v\S+ .*enabled", listed.stdout + listed.stderr), \
         "jupyterlab-myst is not an enabled extension of the kit's JupyterLab:\n" + listed.stdout + listed.stderr
@@ -112,6 +126,11 @@ def lab():
     settings.mkdir(parents=True)
     # every cell rendered, not only those in view (JupyterLab 4 renders a window of cells by default)
     (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    # no autosave: JupyterLab marks a notebook changed when it writes its kernel's display name into the
+    # metadata, and would save it into the repository after two minutes open (the tests check the files)
+    docmanager = home / "settings" / "@jupyterlab" / "docmanager-extension"
+    docmanager.mkdir(parents=True)
+    (docmanager / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
     news = home / "settings" / "@jupyterlab" / "apputils-extension"
     news.mkdir(parents=True)
     (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
@@ -177,11 +196,39 @@ def _stored_values(rel: str) -> list[list[str]]:
     return out
 
 
-def _shut_down_kernels(url, token):
+def _shut_down_kernels(url, token, rel=None):
+    """Shut down the kernel sessions of the notebook ``rel`` (of every notebook with ``rel=None``)."""
     req = urllib.request.Request(f"{url}/api/sessions?token={token}")
     for s in json.loads(urllib.request.urlopen(req, timeout=10).read()):
-        urllib.request.urlopen(urllib.request.Request(f"{url}/api/sessions/{s['id']}?token={token}",
-                                                      method="DELETE"), timeout=10)
+        if rel is None or s.get("path") == rel:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/api/sessions/{s['id']}?token={token}",
+                                                          method="DELETE"), timeout=10)
+
+
+#: How many notebooks are open at once: the one under test and the next ones, each in a tab (a context)
+#: of its own with a JupyterLab workspace of its own, so that one notebook loads while another is checked.
+TABS_AT_ONCE = int(os.environ.get("JUPYTERLAB_TABS_AT_ONCE", "3"))
+
+
+def _begin(browser, url, token, rel):
+    """A tab sent to the notebook ``rel`` in a workspace of its own (JupyterLab saves a workspace's layout
+    on the server: tabs open at once must not share one); returns at once, while JupyterLab loads."""
+    page = browser.new_page(viewport={"width": 1280, "height": 1600})
+    console = []
+    page.on("console", lambda m: console.append(m.text))
+    workspace = re.sub(r"[^A-Za-z0-9]+", "-", rel.removesuffix(".ipynb"))
+    page.goto(f"{url}/lab/workspaces/{workspace}/tree/{rel}?reset&token={token}", wait_until="commit")
+    return page, console, hashlib.sha256((ROOT / rel).read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def tabs(lab, browser):
+    """Tabs begun ahead of their tests: {notebook: (page, console)}; whatever is left is closed at the end."""
+    begun = {}
+    yield begun
+    for page, _, _ in begun.values():
+        page.close()
+    _shut_down_kernels(*lab)
 
 
 RENDERED = r"""() => {
@@ -204,14 +251,17 @@ RENDERED = r"""() => {
 
 
 @pytest.mark.parametrize("rel", NOTEBOOKS)
-def test_the_notebook_renders_in_jupyterlab_without_markup_math_errors_or_unnumbered_exercises(lab, browser, rel):
+def test_the_notebook_renders_in_jupyterlab_without_markup_math_errors_or_unnumbered_exercises(lab, browser, tabs,
+                                                                                                   request, rel):
     url, token = lab
     sources = _markdown_cells(rel)
-    page = browser.new_page(viewport={"width": 1280, "height": 1600})
-    console = []
-    page.on("console", lambda m: console.append(m.text))
+    order = [item.callspec.params["rel"] for item in request.session.items
+             if item.originalname == request.node.originalname and "rel" in item.callspec.params]
+    for ahead in order[order.index(rel):][:max(1, TABS_AT_ONCE)] if rel in order else [rel]:
+        if ahead not in tabs:
+            tabs[ahead] = _begin(browser, url, token, ahead)
+    page, console, digest = tabs.pop(rel)
     try:
-        page.goto(f"{url}/lab/tree/{rel}?reset&token={token}")
         page.wait_for_function(
             f"() => document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-MarkdownCell .myst')"
             f".length >= {len(sources)}", timeout=120_000)
@@ -226,8 +276,10 @@ def test_the_notebook_renders_in_jupyterlab_without_markup_math_errors_or_unnumb
             page.screenshot(path=str(shot.with_name(shot.stem + "__exercise.png")))
     finally:
         page.close()
-        _shut_down_kernels(url, token)
+        _shut_down_kernels(url, token, rel)
 
+    assert hashlib.sha256((ROOT / rel).read_bytes()).hexdigest() == digest, \
+        f"{rel}: JupyterLab changed the file while the test had it open"
     assert len(cells) == len(sources), f"{rel}: {len(cells)} markdown cells shown, {len(sources)} in the file"
     values = _stored_values(rel)
     problems = []

@@ -6,7 +6,8 @@ with the README's own command (the wheel from the kit, the pinned dependencies
 from PyPI), and execute a chapter and an exercise notebook there with nbclient,
 in a kernel of that environment, outside the repository; and they run a chapter
 in an environment without the package. They take a few minutes, so ``make unit``
-leaves them out and ``make test`` runs them as a part of their own.
+and ``make test`` leave them out: ``make kit-test`` runs them, and ``make kit-tests``
+(which .ci/run calls) runs them with the JupyterLab test, on one installation of the kit.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -241,26 +241,13 @@ def _kernel(jupyter_dir: Path, name: str, python: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def kit_env(tmp_path_factory):
-    """The student kit, built as `make student-kit` builds it, unpacked and installed per its README."""
-    t0 = time.perf_counter()
-    build = tmp_path_factory.mktemp("build")
-    subprocess.run([sys.executable, str(ROOT / "tools" / "kit.py"), "student-kit", str(build)], check=True)
-    (zipped,) = build.glob("*.zip")
-    home = tmp_path_factory.mktemp("reader")           # an empty folder, outside the repository
-    with zipfile.ZipFile(zipped) as zf:
-        zf.extractall(home)
-    folder = home / kit.kit_name("student")
-    readme = (folder / "README.md").read_text()
-    setup = re.search(r"```bash\n(.*?)\n", readme).group(1)
-    # the README's own first command, with this interpreter as python3.11
-    setup = setup.replace("python3.11 ", f"{sys.executable} ", 1)
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    subprocess.run(setup + " --quiet --disable-pip-version-check", shell=True, cwd=folder, env=env, check=True)
-    jupyter = home / "jupyter"
-    kernel = _kernel(jupyter, "kit", folder / ".venv" / "bin" / "python")
+def kit_env(student_kit_install, tmp_path_factory):
+    """The student kit installed per its README (tests/conftest.py), with a kernel of its environment."""
+    folder, python, seconds = student_kit_install
+    jupyter = tmp_path_factory.mktemp("jupyter")
+    kernel = _kernel(jupyter, "kit", python)
     os.environ["JUPYTER_PATH"] = str(jupyter)
-    yield folder, kernel, time.perf_counter() - t0
+    yield folder, kernel, seconds
     os.environ.pop("JUPYTER_PATH", None)
 
 

@@ -1,7 +1,7 @@
 """The PDF edition (issue #33): both PDFs built from the HTML editions, then read back with PyMuPDF.
 
 ``make test-pdf`` runs this (``.ci/run`` calls it after ``make test``): it builds the two
-HTML editions, and the module fixture prints each to PDF with ``tools/pdf.py``. The checks
+HTML editions strictly (or reuses those make test built from the same tree), and the module fixture prints each to PDF with ``tools/pdf.py``. The checks
 read the PDFs' text layer and links: the page count, every chapter title and exercise
 number, no line of any solution in the student PDF (the student edition's leak search,
 tests/test_site.py, on the PDF's text), no text past the right margin, no formula left

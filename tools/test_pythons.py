@@ -22,7 +22,9 @@ and once more on the oldest of those Pythons with every dependency at the lower 
 of the range the wheel declares (a constraints file that pins each lower bound), so
 the ranges' lower ends are tested too. A Python that is not on the machine is a
 failure, not a skip. Only wheels are installed (``--only-binary :all:``): nothing is
-compiled. pip's cache is shared between the runs.
+compiled. pip's cache is shared between the runs. Two runs go at a time (``--jobs``): one
+resolves, fetches and installs (the network, the disk; one run at a time, as they share the
+wheelhouse) while the other runs its tests (the processor).
 
 It prints, and writes to ``DIR/report.md``, a table: Python, dependency set, the
 versions installed, the results and the time of each run; and exits non-zero when
@@ -38,8 +40,10 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from email.parser import Parser
 from pathlib import Path
 
@@ -161,6 +165,11 @@ def _pytest_counts(text: str) -> str:
     return (text.strip().splitlines() or ["no output"])[-1][:200]
 
 
+#: One run at a time resolves, fetches and installs: the wheelhouse is shared, and a wheel another
+#: run is still writing must not be installed.
+_WHEELHOUSE = threading.Lock()
+
+
 def run_one(python: str, label: str, wheel: Path, out: Path, oldest: list[str] | None, workers: int,
             wheelhouse: Path) -> dict:
     """One environment: create, install, unit tests, chapter. Returns the table's row."""
@@ -193,13 +202,14 @@ def run_one(python: str, label: str, wheel: Path, out: Path, oldest: list[str] |
             # pip resolves against the index (the newest versions for this Python, or the constraints), keeps
             # the wheels it resolved in the wheelhouse (a file already there is not fetched again: the registry
             # sends no caching headers, so pip's own cache keeps nothing), then installs exactly those
-            ok, _ = step("resolve and fetch", [vpy, "-m", "pip", "download", "--quiet", "--only-binary", ":all:",
-                                               "--dest", wheelhouse, *reqs])
-            for stale in wheelhouse.glob("fixedstate-*.whl"):      # the wheel under test is always the one built
-                stale.unlink()
-            if ok:
-                ok, _ = step("install", [vpy, "-m", "pip", "install", "--quiet", "--no-compile", "--no-index",
-                                         "--find-links", wheelhouse, *reqs])
+            with _WHEELHOUSE:
+                ok, _ = step("resolve and fetch", [vpy, "-m", "pip", "download", "--quiet", "--only-binary", ":all:",
+                                                   "--dest", wheelhouse, *reqs])
+                for stale in wheelhouse.glob("fixedstate-*.whl"):      # the wheel under test is always the one built
+                    stale.unlink()
+                if ok:
+                    ok, _ = step("install", [vpy, "-m", "pip", "install", "--quiet", "--no-compile", "--no-index",
+                                             "--find-links", wheelhouse, *reqs])
         if ok:
             ok, listing = step("versions", [vpy, "-m", "pip", "list", "--format", "json"])
             row["versions"] = {kit._name(d["name"]): d["version"] for d in json.loads(listing)} if ok else {}
@@ -257,6 +267,8 @@ def main(argv=None) -> int:
     p.add_argument("--wheelhouse", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                    / "fixedstate-wheelhouse", help="where the wheels pip resolved are kept between runs")
     p.add_argument("--workers", type=int, default=int(os.environ.get("TEST_WORKERS") or os.cpu_count() or 2))
+    p.add_argument("--jobs", type=int, default=2,
+                   help="environments set up and tested at a time (default 2: one installs while another tests)")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     out = args.out.resolve()
@@ -279,15 +291,17 @@ def main(argv=None) -> int:
     if present and not args.skip_oldest:
         v = min(present)
         runs.append((found[v][0], f"{v[0]}.{v[1]}-oldest", oldest))
-    rows = []
-    for python, label, constraints in runs:
+    def one(run):
+        python, label, constraints = run
         print(f"\n=== {label}: {python}", flush=True)
         row = run_one(python, label, wheel, out, constraints, args.workers, args.wheelhouse)
-        rows.append(row)
-        print(f"{'ok' if row['ok'] else 'FAILED'} in {row['seconds']:.0f} s: unit tests {row['unit']}; "
-              f"chapter {row['chapter']} (log: {row['log']})", flush=True)
-        if not row["ok"]:
-            print("".join(row["steps"][list(row["steps"])[-1]][1].splitlines(True)[-30:]))
+        tail = "" if row["ok"] else "\n" + "".join(row["steps"][list(row["steps"])[-1]][1].splitlines(True)[-30:])
+        print(f"=== {label}: {'ok' if row['ok'] else 'FAILED'} in {row['seconds']:.0f} s: unit tests {row['unit']}; "
+              f"chapter {row['chapter']} (log: {row['log']}){tail}", flush=True)
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows = list(pool.map(one, runs))
     report = (f"# {wheel.name} on the Pythons of this machine\n\nRequires-Python {requires_python}; "
               f"dependencies {', '.join(deps)}; oldest: {', '.join(oldest)}.\n\n" + table(rows, deps) + "\n")
     if missing:
