@@ -9,7 +9,7 @@ layer's outputs at the real tokens and its cache those of the sequence alone.
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from _examples import examples
@@ -80,6 +80,7 @@ def test_a_boundary_inside_a_chunk_is_cut_there_and_not_carried_across():
 
 @given(lengths=st.lists(st.integers(1, 7), min_size=1, max_size=4), K=st.integers(1, 5), d=st.integers(1, 3),
        lead=st.lists(st.integers(1, 2), max_size=1).map(tuple), bias=st.booleans(), seed=st.integers(0, 2 ** 16))
+@example(lengths=[3], K=5, d=1, lead=(), bias=False, seed=0)      # a kernel longer than the whole row
 @examples(40)
 def test_packed_short_conv_equals_each_sequence_alone(lengths, K, d, lead, bias, seed):
     rng = np.random.default_rng(seed)

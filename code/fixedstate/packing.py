@@ -121,6 +121,8 @@ def short_conv_varlen(x, weight, *, cu_seqlens, bias=None):
     y = np.zeros_like(y0) if bias is None else np.broadcast_to(np.asarray(bias, dtype=y0.dtype), y0.shape).copy()
     for j in range(K):
         lag = K - 1 - j                                             # tap j reads token t - lag
+        if lag >= T:                                                # reaches before the first token: reads zero
+            continue
         same = np.zeros(T, dtype=bool)
         same[lag:] = seg[lag:] == seg[:T - lag]
         shifted = np.zeros_like(x)
