@@ -211,3 +211,53 @@ def test_flop_counts_scale_as_stated():
 
 
 # --------------------------------------------------------------------------- Mamba-2's chunked algorithm (#16)
+
+
+# --------------------------------------------------------------------------- diagonal plus low rank (chapter 7)
+
+def _recorded_flops(steps):
+    counted = 0
+    for kind, a, b, out, keep, sign in steps:
+        if kind == "matmul":
+            batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])))
+            counted += 2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
+        else:
+            counted += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+    return counted
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("T,d_k,d_v,chunk,lead", [(300, 8, 5, 64, ()), (130, 6, 7, 48, ()), (50, 4, 3, 1, ()),
+                                                  (37, 5, 4, 8, (3,)), (0, 3, 2, 16, ()), (129, 16, 16, 32, (2,))])
+def test_dplr_flops_count_the_products_the_forms_call(tied, T, d_k, d_v, chunk, lead):
+    from fixedstate import delta_family as df
+    from fixedstate import delta_rule as dr
+    from fixedstate import kernels
+    rng = np.random.default_rng(1)
+    q, k, a, b = rng.standard_normal((4,) + lead + (T, d_k)) / np.sqrt(max(d_k, 1))
+    v = rng.standard_normal(lead + (T, d_v))
+    lg = -rng.uniform(0, 1, lead + (T, d_k))
+    with kernels.recording_products() as steps:
+        if tied:
+            k /= np.maximum(np.linalg.norm(k, axis=-1, keepdims=True), 1e-12)
+            dr.kda_chunkwise(q, k, v, beta=rng.uniform(0, 1, lead + (T,)), log_gate=lg, chunk_size=chunk)
+        else:
+            df.rwkv7_chunkwise(q, k, v, log_gate=lg, a=a, b=b, chunk_size=chunk)
+    parts = costs.dplr_chunkwise_flops(T, d_k, d_v, chunk_size=chunk, tied=tied, batch=int(np.prod(lead)))
+    assert _recorded_flops(steps) == parts["total"]
+    assert parts["total"] == parts["pairs"] + parts["inverse"] + parts["intra"] + parts["state"]
+    if tied:
+        assert parts["total"] == costs.delta_rule_chunkwise_flops(T, d_k, d_v, chunk_size=chunk, layer="kda",
+                                                                  batch=int(np.prod(lead)))
+
+
+def test_tying_halves_the_pair_products_and_saves_less_elsewhere():
+    general = costs.dplr_chunkwise_flops(4096, 128, 128, chunk_size=64)
+    tied = costs.dplr_chunkwise_flops(4096, 128, 128, chunk_size=64, tied=True)
+    assert tied["pairs"] * 2 == general["pairs"] and tied["inverse"] == general["inverse"]
+    assert tied["state"] * 8 == general["state"] * 6
+    assert 0.5 < tied["total"] / general["total"] < 0.75
+    with pytest.raises(ValueError, match="^tied"):
+        costs.dplr_chunkwise_flops(10, 2, 2, tied="yes")
+    with pytest.raises(ValueError, match="^chunk_size"):
+        costs.dplr_chunkwise_flops(10, 2, 2, chunk_size=0)
