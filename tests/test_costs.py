@@ -261,3 +261,37 @@ def test_tying_halves_the_pair_products_and_saves_less_elsewhere():
         costs.dplr_chunkwise_flops(10, 2, 2, tied="yes")
     with pytest.raises(ValueError, match="^chunk_size"):
         costs.dplr_chunkwise_flops(10, 2, 2, chunk_size=0)
+
+
+# --------------------------------------------------------------------------- the hardware view (chapter 7)
+
+def test_chunkwise_profile_of_a_small_case_counted_by_hand():
+    # T = 4, one chunk of 4, d_k = 2, d_v = 3: elementwise 2*4 + 5*16 + 4*4*2 + 3*4*3 + 2*2*3 = 168;
+    # bytes: 4 tokens * (2*2 + 3 + 2 + 3) numbers * 2 bytes + 2 * 6 state numbers * 4 bytes = 144
+    p = costs.chunkwise_profile(4, 2, 3, chunk_size=4)
+    assert p["matmul_flops"] == costs.delta_rule_chunkwise_flops(4, 2, 3, chunk_size=4)
+    assert p["elementwise_flops"] == 168 and p["bytes"] == 144
+    total = p["matmul_flops"] + 168
+    assert p["matmul_fraction"] == p["matmul_flops"] / total and p["intensity"] == total / 144
+
+
+@examples(40)
+@given(T=st.integers(1, 5000), d=st.integers(1, 300), chunk=st.integers(1, 256), batch=st.integers(1, 8))
+def test_chunkwise_profile_scales_as_stated(T, d, chunk, batch):
+    one = costs.chunkwise_profile(T, d, d, chunk_size=chunk)
+    many = costs.chunkwise_profile(T, d, d, chunk_size=chunk, batch=batch)
+    for key in ("matmul_flops", "elementwise_flops", "bytes"):
+        assert many[key] == batch * one[key]
+    assert 0.0 < one["matmul_fraction"] < 1.0
+    assert many["matmul_fraction"] == pytest.approx(one["matmul_fraction"], rel=1e-12)
+    wider = costs.chunkwise_profile(T, 2 * d, 2 * d, chunk_size=chunk)
+    assert wider["matmul_fraction"] > one["matmul_fraction"]    # products grow as C d^2, the rest as C^2 + C d + d^2
+
+
+def test_chunkwise_profile_bad_input_names_the_argument():
+    for kw, name in (({"chunk_size": 0}, "chunk_size"), ({"bytes_per_element": 0}, "bytes_per_element"),
+                     ({"batch": 1.5}, "batch")):
+        with pytest.raises(ValueError, match="^" + name):
+            costs.chunkwise_profile(10, 2, 2, **kw)
+    with pytest.raises(ValueError, match="^seq_len"):
+        costs.chunkwise_profile(0, 2, 2)

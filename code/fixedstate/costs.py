@@ -51,6 +51,7 @@ __all__ = [
     "decode_crossover_length",
     "delta_rule_chunkwise_flops",
     "dplr_chunkwise_flops",
+    "chunkwise_profile",
     "ssm_state_bytes",
     "selective_scan_flops",
     "ssm_decode_flops",
@@ -363,6 +364,47 @@ def dplr_chunkwise_flops(seq_len, d_k, d_v, *, chunk_size=64, tied=False, batch=
     parts = {name: n * value for name, value in parts.items()}
     parts["total"] = sum(parts.values())
     return parts
+
+
+def chunkwise_profile(seq_len, d_k, d_v, *, chunk_size=64, bytes_per_element=2, state_bytes_per_element=4,
+                      batch=1) -> dict:
+    """Where the work of Gated DeltaNet's chunkwise form goes, and how much data it needs (``eq-fam-intensity``).
+
+    ``"matmul_flops"`` are the matrix products, :func:`delta_rule_chunkwise_flops`
+    (``layer="gated_delta"``). ``"elementwise_flops"`` counts the rest from the formulas,
+    one FLOP per elementwise operation (an exponential counts as one), per chunk of ``C``
+    tokens (``chunk_size`` rounded up to a power of two): the cumulative log-decays and
+    their exponentials, ``2 C``; the decay mask ``exp(b_r - b_i)`` on the lower triangle and
+    its application with ``beta`` to ``Q K^T`` and ``K K^T``, ``5 C^2``; the scalings of
+    keys, queries and values by ``beta`` and the decays, ``4 C d_k + C d_v``; the two
+    additions of ``C x d_v`` blocks, ``2 C d_v``; decaying and adding the state,
+    ``2 d_k d_v``. ``"bytes"`` is the least data the form must move per sequence: reading
+    ``q, k, v, beta, log_gate`` and writing the outputs at ``bytes_per_element`` (2 for
+    bfloat16), and reading and writing the state once at ``state_bytes_per_element`` (4,
+    float32), the state staying on chip from chunk to chunk as the fused kernels keep it.
+
+    Returns a dict with those three counts (times ``batch``), ``"matmul_fraction"``
+    (matrix products over all FLOPs) and ``"intensity"`` (all FLOPs per byte).
+    """
+    t = _count(seq_len, "seq_len", minimum=1)
+    d_k = _count(d_k, "d_k", minimum=1)
+    d_v = _count(d_v, "d_v", minimum=1)
+    chunk = _count(chunk_size, "chunk_size", minimum=1)
+    batch = _count(batch, "batch", minimum=1)
+    b_in = _count(bytes_per_element, "bytes_per_element", minimum=1)
+    b_state = _count(state_bytes_per_element, "state_bytes_per_element", minimum=1)
+    for name, x in (("seq_len", t), ("d_k", d_k), ("d_v", d_v), ("chunk_size", chunk), ("batch", batch),
+                    ("bytes_per_element", b_in), ("state_bytes_per_element", b_state)):
+        if not isinstance(x, int):
+            raise ValueError(f"{name}: expected a single integer, got an array")
+    c = 1 << (chunk - 1).bit_length()
+    n = max(1, -(-t // chunk))
+    matmul = delta_rule_chunkwise_flops(t, d_k, d_v, chunk_size=chunk, layer=GATED_DELTA, batch=batch)
+    elementwise = batch * n * (2 * c + 5 * c * c + 4 * c * d_k + 3 * c * d_v + 2 * d_k * d_v)
+    moved = batch * (t * (2 * d_k + d_v + 2) * b_in + t * d_v * b_in + 2 * d_k * d_v * b_state)
+    total = matmul + elementwise
+    return {"matmul_flops": matmul, "elementwise_flops": elementwise, "bytes": moved,
+            "matmul_fraction": matmul / total, "intensity": total / moved}
 
 
 # ---------------------------------------------------------------------------- state-space models (chapter 4's table)

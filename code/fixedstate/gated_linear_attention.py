@@ -393,13 +393,13 @@ def mlstm_recurrent(q, k, v, *, log_gate, log_input, scale=1.0, initial_state=No
 # --------------------------------------------------------------------------- mLSTM with its max-stabiliser, chunkwise
 
 @one_blas_thread
-def mlstm_chunks(q, k, v, log_gate, log_input, S, m, chunk_size):
+def _mlstm_chunks(q, k, v, log_gate, log_input, S, m, chunk_size):
     """The kernel of :func:`mlstm_chunkwise` on flattened arrays (``eq-fam-mlstm-chunk``), one BLAS thread.
 
     ``q, k``: (B, T, d_k); ``v``: (B, T, d_v); ``log_gate, log_input``: (B, T); ``S``:
     (B, d_k, d_v + 1) the stabilised state (its last column the normaliser) and ``m``
     (B,) its log-scale (``-inf`` for an empty state); ``chunk_size`` an integer >= 1. No
-    validation (not in ``__all__``). Returns the (unscaled) outputs (B, T, d_v), the
+    validation. Returns the (unscaled) outputs (B, T, d_v), the
     stabilised final state and its log-scale.
     """
     B, T, d_k = q.shape
@@ -482,7 +482,7 @@ def mlstm_chunkwise(q, k, v, *, log_gate, log_input, scale=1.0, initial_state=No
         lead = S.shape[:-2]
         m = np.zeros(lead, dtype=dtype) if log_scale is None else np.broadcast_to(log_scale, lead).astype(dtype)
     bq = lambda x, n: np.broadcast_to(x, lead + x.shape[x.ndim - n:])
-    out, S, m = mlstm_chunks(flat(bq(q, 2), lead, 2), flat(bq(k, 2), lead, 2), flat(bq(v, 2), lead, 2),
+    out, S, m = _mlstm_chunks(flat(bq(q, 2), lead, 2), flat(bq(k, 2), lead, 2), flat(bq(v, 2), lead, 2),
                              flat(bq(lf, 1), lead, 1), flat(bq(li, 1), lead, 1), flat(S, lead, 2),
                              m.reshape(-1), chunk_size)
     if scale != 1.0:
