@@ -588,3 +588,39 @@ def test_objectives_keep_float32():
     assert df.score_objective(S, k, v)[1].dtype == np.float32
     assert df.decay_objective(S, log_gate=np.zeros(3, np.float32))[1].dtype == np.float32
     assert df.implicit_regression_step(S, k, v, beta=0.5).dtype == np.float32
+
+
+# --------------------------------------------------------------------------- KDA as DPLR; DeltaProduct as a longer DeltaNet
+
+@SETTINGS
+@given(T=st.integers(1, 40), d_k=st.integers(1, 5), d_v=st.integers(1, 4), chunk=st.integers(1, 17),
+       lead=st.sampled_from([(), (2,)]), with_init=st.booleans(), seed=st.integers(0, 10_000))
+def test_kda_is_dplr_with_tied_vectors(T, d_k, d_v, chunk, lead, with_init, seed):
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((2,) + lead + (T, d_k))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal(lead + (T, d_v))
+    beta = rng.uniform(0.0, 1.0, lead + (T,))
+    lg = np.log(rng.uniform(0.3, 1.0, lead + (T, d_k)))
+    S0 = rng.standard_normal(lead + (d_k, d_v)) if with_init else None
+    o_ref, S_ref = dr.kda_recurrent(q, k, v, beta=beta, log_gate=lg, initial_state=S0)
+    bk = beta[..., None] * k
+    o, S = df.rwkv7_chunkwise(q, bk, v, log_gate=lg, a=-np.exp(lg) * k, b=bk, initial_state=S0, chunk_size=chunk)
+    assert rel_err(o, o_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
+
+
+@SETTINGS
+@given(T=st.integers(1, 25), n_h=st.integers(1, 4), d_k=st.integers(1, 5), d_v=st.integers(1, 4),
+       seed=st.integers(0, 10_000))
+def test_deltaproduct_is_gated_deltanet_over_interleaved_substeps(T, n_h, d_k, d_v, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, beta, lg = product_inputs(rng, (), T, n_h, d_k, d_v, beta_max=1.0)
+    S0 = rng.standard_normal((d_k, d_v))
+    o_ref, S_ref = df.deltaproduct_recurrent(q, k, v, beta=beta, log_gate=lg, initial_state=S0)
+    q_long = np.zeros((T, n_h, d_k))
+    q_long[:, -1] = q
+    g_long = np.zeros((T, n_h))
+    g_long[:, 0] = lg
+    o, S = dr.gated_delta_rule_recurrent(q_long.reshape(-1, d_k), k.reshape(-1, d_k), v.reshape(-1, d_v),
+                                         beta=beta.reshape(-1), log_gate=g_long.reshape(-1), initial_state=S0)
+    assert rel_err(o.reshape(T, n_h, d_v)[:, -1], o_ref) <= 1e-13 and rel_err(S, S_ref) <= 1e-13
