@@ -149,3 +149,62 @@ def test_ssd_interchunk_whole_output_is_recognised():
         return y + intra, S
     result = F.check_ssd_interchunk(whole)
     assert not result.passed and "whole output" in result.message, result.message
+
+
+# --------------------------------------------------------------------------- the implicit step
+
+def _implicit_step(state, key, value, beta):
+    """The worked answer: the delta rule with the step beta / (1 + beta |k|^2), column by column."""
+    beta = np.broadcast_to(np.asarray(beta, dtype=float), (state.shape[1],))
+    eps = beta / (1.0 + beta * (key @ key))
+    return state - np.outer(key, eps * (state.T @ key - value))
+
+
+def _implicit_by_solve(state, key, value, beta):
+    """Another right answer: solve (I + beta_j k k^T) s_j = s_j_old + beta_j v_j k for each column."""
+    beta = np.broadcast_to(np.asarray(beta, dtype=float), (state.shape[1],))
+    cols = [np.linalg.solve(np.eye(len(key)) + b * np.outer(key, key), state[:, j] + b * value[j] * key)
+            for j, b in enumerate(beta)]
+    return np.stack(cols, axis=1)
+
+
+@pytest.mark.parametrize("fn", [_implicit_step, _implicit_by_solve])
+def test_implicit_step_right_answers_pass(fn):
+    result = F.check_implicit_step(fn)
+    assert result.passed, result.message
+
+
+def _explicit(state, key, value, beta):
+    beta = np.broadcast_to(np.asarray(beta, dtype=float), (state.shape[1],))
+    return state - np.outer(key, beta * (state.T @ key - value))
+
+
+def _no_norm(state, key, value, beta):
+    beta = np.broadcast_to(np.asarray(beta, dtype=float), (state.shape[1],))
+    return state - np.outer(key, beta / (1 + beta) * (state.T @ key - value))
+
+
+def _diagonal(state, key, value, beta):
+    beta = np.broadcast_to(np.asarray(beta, dtype=float), (state.shape[1],))
+    eps = beta / (1.0 + beta * (key @ key))
+    return (1.0 - np.outer(key * key, eps)) * state + np.outer(key, eps * value)
+
+
+def _first_beta(state, key, value, beta):
+    b = float(np.ravel(beta)[0])
+    return state - np.outer(key, b / (1 + b * (key @ key)) * (state.T @ key - value))
+
+
+@pytest.mark.parametrize("fn,phrase", [
+    (lambda s, k, v, b: ..., "replace the `...`"),
+    (_explicit, "explicit step"),
+    (_no_norm, "squared length of the key"),
+    (_diagonal, "Longhorn's layer"),
+    (_first_beta, "first step size"),
+    (lambda s, k, v, b: _implicit_step(s, k, v, b).T, "the transpose"),
+    (lambda s, k, v, b: _implicit_step(s, k, v, b) * np.nan, "inf or nan"),
+    (lambda s, k, v, b: 1.0001 * _implicit_step(s, k, v, b), "largest difference"),
+])
+def test_implicit_step_wrong_answers_are_named(fn, phrase):
+    result = F.check_implicit_step(fn)
+    assert not result.passed and phrase in result.message, result.message

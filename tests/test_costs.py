@@ -258,3 +258,87 @@ def test_model_state_bytes_wants_layers():
     for bad in ("softmax", [], None):
         with pytest.raises(ValueError, match="layers"):
             model_state_bytes(bad, seq_len=8, d_k=4, d_v=4)
+
+
+# --------------------------------------------------------------------------- diagonal plus low rank (chapter 7)
+
+def _recorded_flops(steps):
+    counted = 0
+    for kind, a, b, out, keep, sign in steps:
+        if kind == "matmul":
+            batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])))
+            counted += 2 * batch * a.shape[-2] * a.shape[-1] * b.shape[-1]
+        else:
+            counted += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+    return counted
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("T,d_k,d_v,chunk,lead", [(300, 8, 5, 64, ()), (130, 6, 7, 48, ()), (50, 4, 3, 1, ()),
+                                                  (37, 5, 4, 8, (3,)), (0, 3, 2, 16, ()), (129, 16, 16, 32, (2,))])
+def test_dplr_flops_count_the_products_the_forms_call(tied, T, d_k, d_v, chunk, lead):
+    from fixedstate import delta_family as df
+    from fixedstate import delta_rule as dr
+    from fixedstate import kernels
+    rng = np.random.default_rng(1)
+    q, k, a, b = rng.standard_normal((4,) + lead + (T, d_k)) / np.sqrt(max(d_k, 1))
+    v = rng.standard_normal(lead + (T, d_v))
+    lg = -rng.uniform(0, 1, lead + (T, d_k))
+    with kernels.recording_products() as steps:
+        if tied:
+            k /= np.maximum(np.linalg.norm(k, axis=-1, keepdims=True), 1e-12)
+            dr.kda_chunkwise(q, k, v, beta=rng.uniform(0, 1, lead + (T,)), log_gate=lg, chunk_size=chunk)
+        else:
+            df.rwkv7_chunkwise(q, k, v, log_gate=lg, a=a, b=b, chunk_size=chunk)
+    parts = costs.dplr_chunkwise_flops(T, d_k, d_v, chunk_size=chunk, tied=tied, batch=int(np.prod(lead)))
+    assert _recorded_flops(steps) == parts["total"]
+    assert parts["total"] == parts["pairs"] + parts["inverse"] + parts["intra"] + parts["state"]
+    if tied:
+        assert parts["total"] == costs.delta_rule_chunkwise_flops(T, d_k, d_v, chunk_size=chunk, layer="kda",
+                                                                  batch=int(np.prod(lead)))
+
+
+def test_tying_halves_the_pair_products_and_saves_less_elsewhere():
+    general = costs.dplr_chunkwise_flops(4096, 128, 128, chunk_size=64)
+    tied = costs.dplr_chunkwise_flops(4096, 128, 128, chunk_size=64, tied=True)
+    assert tied["pairs"] * 2 == general["pairs"] and tied["inverse"] == general["inverse"]
+    assert tied["state"] * 8 == general["state"] * 6
+    assert 0.5 < tied["total"] / general["total"] < 0.75
+    with pytest.raises(ValueError, match="^tied"):
+        costs.dplr_chunkwise_flops(10, 2, 2, tied="yes")
+    with pytest.raises(ValueError, match="^chunk_size"):
+        costs.dplr_chunkwise_flops(10, 2, 2, chunk_size=0)
+
+
+# --------------------------------------------------------------------------- the hardware view (chapter 7)
+
+def test_chunkwise_profile_of_a_small_case_counted_by_hand():
+    # T = 4, one chunk of 4, d_k = 2, d_v = 3: elementwise 2*4 + 5*16 + 4*4*2 + 3*4*3 + 2*2*3 = 168;
+    # bytes: 4 tokens * (2*2 + 3 + 2 + 3) numbers * 2 bytes + 2 * 6 state numbers * 4 bytes = 144
+    p = costs.chunkwise_profile(4, 2, 3, chunk_size=4)
+    assert p["matmul_flops"] == costs.delta_rule_chunkwise_flops(4, 2, 3, chunk_size=4)
+    assert p["elementwise_flops"] == 168 and p["bytes"] == 144
+    total = p["matmul_flops"] + 168
+    assert p["matmul_fraction"] == p["matmul_flops"] / total and p["intensity"] == total / 144
+
+
+@examples(40)
+@given(T=st.integers(1, 5000), d=st.integers(1, 300), chunk=st.integers(1, 256), batch=st.integers(1, 8))
+def test_chunkwise_profile_scales_as_stated(T, d, chunk, batch):
+    one = costs.chunkwise_profile(T, d, d, chunk_size=chunk)
+    many = costs.chunkwise_profile(T, d, d, chunk_size=chunk, batch=batch)
+    for key in ("matmul_flops", "elementwise_flops", "bytes"):
+        assert many[key] == batch * one[key]
+    assert 0.0 < one["matmul_fraction"] < 1.0
+    assert many["matmul_fraction"] == pytest.approx(one["matmul_fraction"], rel=1e-12)
+    wider = costs.chunkwise_profile(T, 2 * d, 2 * d, chunk_size=chunk)
+    assert wider["matmul_fraction"] > one["matmul_fraction"]    # products grow as C d^2, the rest as C^2 + C d + d^2
+
+
+def test_chunkwise_profile_bad_input_names_the_argument():
+    for kw, name in (({"chunk_size": 0}, "chunk_size"), ({"bytes_per_element": 0}, "bytes_per_element"),
+                     ({"batch": 1.5}, "batch")):
+        with pytest.raises(ValueError, match="^" + name):
+            costs.chunkwise_profile(10, 2, 2, **kw)
+    with pytest.raises(ValueError, match="^seq_len"):
+        costs.chunkwise_profile(0, 2, 2)

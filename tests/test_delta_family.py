@@ -444,3 +444,183 @@ def test_float32_in_float32_out(form):
     }
     o, S = calls[form]()
     assert o.dtype == np.float32 and S.dtype == np.float32
+
+
+# --------------------------------------------------------------------------- the objective behind each update
+
+def central_difference_gradient(loss, S, h=0.5):
+    """The gradient of ``loss`` at ``S`` by central differences; exact (to rounding) for a quadratic, at any h."""
+    grad = np.zeros_like(S)
+    for idx in np.ndindex(S.shape):
+        E = np.zeros_like(S)
+        E[idx] = h
+        grad[idx] = (loss(S + E) - loss(S - E)) / (2 * h)
+    return grad
+
+
+@SETTINGS
+@given(d_k=st.integers(1, 5), d_v=st.integers(1, 4), seed=st.integers(0, 10_000))
+def test_the_objectives_gradients_are_their_central_differences(d_k, d_v, seed):
+    rng = np.random.default_rng(seed)
+    S, k, v = rng.standard_normal((d_k, d_v)), rng.standard_normal(d_k), rng.standard_normal(d_v)
+    lg = -rng.uniform(0.0, 2.0, d_k)
+    for fn in (lambda X: df.regression_objective(X, k, v), lambda X: df.score_objective(X, k, v),
+               lambda X: df.decay_objective(X, log_gate=lg)):
+        loss, grad = fn(S)
+        assert np.ndim(loss) == 0 and grad.shape == S.shape
+        fd = central_difference_gradient(lambda X: float(fn(X)[0]), S)
+        assert rel_err(grad, fd) <= 1e-12
+
+
+@SETTINGS
+@given(d_k=st.integers(1, 5), d_v=st.integers(1, 4), seed=st.integers(0, 10_000), lead=st.sampled_from([(), (3,), (2, 2)]))
+def test_one_step_of_each_objective_is_the_layers_update(d_k, d_v, seed, lead):
+    rng = np.random.default_rng(seed)
+    S = rng.standard_normal(lead + (d_k, d_v))
+    q, k, v = rng.standard_normal(lead + (d_k,)), rng.standard_normal(lead + (d_k,)), rng.standard_normal(lead + (d_v,))
+    u = k / np.linalg.norm(k, axis=-1, keepdims=True)
+    beta = rng.uniform(0.0, 1.0, lead)
+    g = rng.uniform(0.3, 1.0, lead)
+    alpha = rng.uniform(0.3, 1.0, lead + (d_k,))
+    b_ = beta[..., None, None]
+    # DeltaNet: one gradient step of size beta on the regression loss
+    step = S - b_ * df.regression_objective(S, u, v)[1]
+    assert rel_err(step, dr.delta_rule_step(q, u, v, beta=beta, initial_state=S)[1]) <= 1e-13
+    # Gated DeltaNet: a scalar weight-decay step (size 1), then the regression step from the decayed state
+    scalar_lg = np.repeat(np.log(g)[..., None], d_k, axis=-1)
+    shrunk = S - df.decay_objective(S, log_gate=scalar_lg)[1]
+    step = shrunk - b_ * df.regression_objective(shrunk, u, v)[1]
+    ref = dr.gated_delta_rule_step(q, u, v, beta=beta, log_gate=np.log(g), initial_state=S)[1]
+    assert rel_err(step, ref) <= 1e-13
+    # KDA: the decay per key channel
+    shrunk = S - df.decay_objective(S, log_gate=np.log(alpha))[1]
+    step = shrunk - b_ * df.regression_objective(shrunk, u, v)[1]
+    assert rel_err(step, dr.kda_step(q, u, v, beta=beta, log_gate=np.log(alpha), initial_state=S)[1]) <= 1e-13
+    # GLA: the per-channel decay, then one unit step on the score loss
+    shrunk = S - df.decay_objective(S, log_gate=np.log(alpha))[1]
+    step = shrunk - df.score_objective(shrunk, k, v)[1]
+    assert rel_err(step, gla.gla_step(q, k, v, log_gate=np.log(alpha), initial_state=S)[1]) <= 1e-13
+
+
+def test_rwkv7_is_one_preconditioned_step_with_coupled_decay():
+    """S - Diag(eta) grad L(S), L = 1/2 sum_c (1 - w_c)/eta_c |S_c|^2 + 1/2 |S^T kappa|^2 - <S^T (k~/eta), v>."""
+    rng = np.random.default_rng(5)
+    d_k, d_v = 5, 3
+    S, q, k, v = (rng.standard_normal((d_k, d_v)), rng.standard_normal(d_k), rng.standard_normal(d_k),
+                  rng.standard_normal(d_v))
+    kappa = rng.standard_normal(d_k)
+    kappa /= np.linalg.norm(kappa)
+    eta, w = rng.uniform(0.1, 1.0, d_k), rng.uniform(0.4, 1.0, d_k)
+    decay_grad = df.decay_objective(S, log_gate=np.log(w))[1] / eta[:, None]
+    erase_grad = df.regression_objective(S, kappa, np.zeros(d_v))[1]
+    write_grad = df.score_objective(S, k / eta, v)[1]
+    step = S - eta[:, None] * (decay_grad + erase_grad + write_grad)
+    ref = df.rwkv7_step(q, k, v, log_gate=np.log(w), a=-kappa, b=eta * kappa, initial_state=S)[1]
+    assert rel_err(step, ref) <= 1e-13
+
+
+@SETTINGS
+@given(d_k=st.integers(1, 6), d_v=st.integers(1, 4), seed=st.integers(0, 10_000), per_column=st.booleans(),
+       lead=st.sampled_from([(), (2,), (2, 3)]))
+def test_the_implicit_step_is_the_proximal_minimiser(d_k, d_v, seed, per_column, lead):
+    rng = np.random.default_rng(seed)
+    S0 = rng.standard_normal(lead + (d_k, d_v))
+    k, v = rng.standard_normal(lead + (d_k,)) * rng.uniform(0.2, 3.0), rng.standard_normal(lead + (d_v,))
+    beta = rng.uniform(0.0, 5.0, lead + ((d_v,) if per_column else ()))
+    S = df.implicit_regression_step(S0, k, v, beta=beta if per_column else beta[..., None])
+    bcol = beta if per_column else np.broadcast_to(beta[..., None], lead + (d_v,))
+    grad = df.regression_objective(S, k, v)[1]                      # the gradient at the NEW state
+    # optimality of 1/2|S - S0|^2 + 1/2 sum_j beta_j (s_j^T k - v_j)^2: S - S0 + grad Diag(beta) = 0
+    residual = S - S0 + grad * bcol[..., None, :]
+    assert float(np.max(np.abs(residual))) <= 1e-12 * max(1.0, float(np.max(np.abs(S0))), float(np.max(np.abs(v))))
+    # equivalently the delta rule with eps = beta / (1 + beta |k|^2), an explicit step from S0
+    eps = bcol / (1 + bcol * np.sum(k * k, axis=-1, keepdims=True))
+    explicit = S0 - df.regression_objective(S0, k, v)[1] * eps[..., None, :]
+    assert rel_err(S, explicit) <= 1e-13
+
+
+def test_the_implicit_step_never_overshoots_where_the_explicit_one_does():
+    """For a huge step the explicit step diverges from the target, the implicit one lands on it."""
+    rng = np.random.default_rng(3)
+    S0, k, v = rng.standard_normal((4, 2)), rng.standard_normal(4), rng.standard_normal(2)
+    big = 1e6
+    implicit = df.implicit_regression_step(S0, k, v, beta=big)
+    explicit = S0 - big * df.regression_objective(S0, k, v)[1]
+    assert np.max(np.abs(implicit.T @ k - v)) < 1e-5
+    assert np.max(np.abs(explicit.T @ k - v)) > 1e3
+
+
+def test_longhorn_is_the_implicit_step_with_the_diagonal_erase():
+    rng = np.random.default_rng(11)
+    d_k, d_v = 4, 3
+    S0, q, k, v = (rng.standard_normal((d_k, d_v)), rng.standard_normal(d_k), rng.standard_normal(d_k),
+                   rng.standard_normal(d_v))
+    beta = rng.uniform(0.0, 1.0, d_v)
+    _, S_lh = df.longhorn_recurrent(q[None], k[None], v[None], beta=beta[None], initial_state=S0)
+    eps = beta / (1 + beta * (k @ k))
+    diag = (1 - np.outer(k * k, eps)) * S0 + np.outer(k, eps * v)
+    assert rel_err(S_lh, diag) <= 1e-13
+    # with a one-hot key the diagonal is the whole k k^T: Longhorn is the exact implicit step
+    e = np.zeros(d_k)
+    e[2] = 1.7
+    _, S_lh = df.longhorn_recurrent(q[None], e[None], v[None], beta=beta[None], initial_state=S0)
+    assert rel_err(S_lh, df.implicit_regression_step(S0, e, v, beta=beta)) <= 1e-13
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: df.regression_objective(np.zeros(3), np.zeros(3), np.zeros(2)), "state"),
+    (lambda: df.regression_objective(np.zeros((3, 2)), np.zeros(4), np.zeros(2)), "k"),
+    (lambda: df.score_objective(np.zeros((3, 2)), np.zeros(3), np.zeros(5)), "v"),
+    (lambda: df.regression_objective(np.zeros((2, 3, 2)), np.zeros((4, 3)), np.zeros(2)), "k"),
+    (lambda: df.decay_objective(np.zeros((3, 2)), log_gate=np.array([0.0, 0.1, -1.0])), "log_gate"),
+    (lambda: df.decay_objective(np.zeros((3, 2)), log_gate=np.zeros(2)), "log_gate"),
+    (lambda: df.implicit_regression_step(np.zeros((3, 2)), np.zeros(3), np.zeros(2), beta=-1.0), "beta"),
+    (lambda: df.implicit_regression_step(np.zeros((3, 2)), np.zeros(3), np.zeros(2), beta=np.ones(3)), "beta"),
+])
+def test_objectives_bad_input_names_the_argument(call, name):
+    with pytest.raises(ValueError, match=rf"^{name}:"):
+        call()
+
+
+def test_objectives_keep_float32():
+    S, k, v = (np.ones((3, 2), np.float32), np.ones(3, np.float32), np.ones(2, np.float32))
+    assert df.regression_objective(S, k, v)[1].dtype == np.float32
+    assert df.score_objective(S, k, v)[1].dtype == np.float32
+    assert df.decay_objective(S, log_gate=np.zeros(3, np.float32))[1].dtype == np.float32
+    assert df.implicit_regression_step(S, k, v, beta=0.5).dtype == np.float32
+
+
+# --------------------------------------------------------------------------- KDA as DPLR; DeltaProduct as a longer DeltaNet
+
+@SETTINGS
+@given(T=st.integers(1, 40), d_k=st.integers(1, 5), d_v=st.integers(1, 4), chunk=st.integers(1, 17),
+       lead=st.sampled_from([(), (2,)]), with_init=st.booleans(), seed=st.integers(0, 10_000))
+def test_kda_is_dplr_with_tied_vectors(T, d_k, d_v, chunk, lead, with_init, seed):
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((2,) + lead + (T, d_k))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal(lead + (T, d_v))
+    beta = rng.uniform(0.0, 1.0, lead + (T,))
+    lg = np.log(rng.uniform(0.3, 1.0, lead + (T, d_k)))
+    S0 = rng.standard_normal(lead + (d_k, d_v)) if with_init else None
+    o_ref, S_ref = dr.kda_recurrent(q, k, v, beta=beta, log_gate=lg, initial_state=S0)
+    bk = beta[..., None] * k
+    o, S = df.rwkv7_chunkwise(q, bk, v, log_gate=lg, a=-np.exp(lg) * k, b=bk, initial_state=S0, chunk_size=chunk)
+    assert rel_err(o, o_ref) <= 1e-12 and rel_err(S, S_ref) <= 1e-12
+
+
+@SETTINGS
+@given(T=st.integers(1, 25), n_h=st.integers(1, 4), d_k=st.integers(1, 5), d_v=st.integers(1, 4),
+       seed=st.integers(0, 10_000))
+def test_deltaproduct_is_gated_deltanet_over_interleaved_substeps(T, n_h, d_k, d_v, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, beta, lg = product_inputs(rng, (), T, n_h, d_k, d_v, beta_max=1.0)
+    S0 = rng.standard_normal((d_k, d_v))
+    o_ref, S_ref = df.deltaproduct_recurrent(q, k, v, beta=beta, log_gate=lg, initial_state=S0)
+    q_long = np.zeros((T, n_h, d_k))
+    q_long[:, -1] = q
+    g_long = np.zeros((T, n_h))
+    g_long[:, 0] = lg
+    o, S = dr.gated_delta_rule_recurrent(q_long.reshape(-1, d_k), k.reshape(-1, d_k), v.reshape(-1, d_v),
+                                         beta=beta.reshape(-1), log_gate=g_long.reshape(-1), initial_state=S0)
+    assert rel_err(o.reshape(T, n_h, d_v)[:, -1], o_ref) <= 1e-13 and rel_err(S, S_ref) <= 1e-13

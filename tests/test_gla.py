@@ -271,3 +271,107 @@ def test_every_exponent_is_at_most_zero(form, monkeypatch):
         ssm.ssd_chunkwise(v, np.ones(70), -3.0, q, k, chunk_size=16, initial_state=np.ones((4, 3)))
     assert arguments and max(arguments) <= 0.0
 
+
+
+# --------------------------------------------------------------------------- mLSTM, chunkwise with the stabiliser
+
+def _mlstm_inputs(rng, lead, T, d_k, d_v, *, input_scale=1.0, positive=False):
+    q, k = rng.standard_normal((2,) + lead + (T, d_k))
+    if positive:
+        q, k = np.abs(q) + 0.1, np.abs(k) + 0.1
+    v = rng.standard_normal(lead + (T, d_v))
+    log_gate = np.log(rng.uniform(0.5, 1.0, lead + (T,)))
+    log_input = input_scale * rng.standard_normal(lead + (T,))
+    return q, k, v, log_gate, log_input
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+@examples(40)
+@given(T=st.integers(1, 40), d_k=st.integers(1, 5), d_v=st.integers(1, 4), chunk=st.integers(1, 17),
+       lead=st.sampled_from([(), (2,), (2, 3)]), with_init=st.booleans(), seed=st.integers(0, 10_000))
+def test_mlstm_chunkwise_equals_the_recurrence(T, d_k, d_v, chunk, lead, with_init, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, lf, li = _mlstm_inputs(rng, lead, T, d_k, d_v)
+    S0 = rng.standard_normal(lead + (d_k, d_v + 1)) if with_init else None
+    o_ref, S_ref = gla.mlstm_recurrent(q, k, v, log_gate=lf, log_input=li, initial_state=S0, scale=0.5)
+    o, (S, m) = gla.mlstm_chunkwise(q, k, v, log_gate=lf, log_input=li, initial_state=S0, scale=0.5,
+                                    chunk_size=chunk)
+    assert _rel(o, o_ref) <= 1e-12
+    assert _rel(np.exp(m)[..., None, None] * S, S_ref) <= 1e-12
+    assert m.shape == lead and S.shape == lead + (d_k, d_v + 1)
+
+
+def test_mlstm_chunkwise_carries_its_stabilised_state_across_calls():
+    rng = np.random.default_rng(4)
+    q, k, v, lf, li = _mlstm_inputs(rng, (2,), 50, 4, 3, input_scale=30.0)
+    o_all, (S_all, m_all) = gla.mlstm_chunkwise(q, k, v, log_gate=lf, log_input=li, chunk_size=8)
+    o1, state = gla.mlstm_chunkwise(q[:, :21], k[:, :21], v[:, :21], log_gate=lf[:, :21], log_input=li[:, :21],
+                                    chunk_size=8)
+    o2, (S2, m2) = gla.mlstm_chunkwise(q[:, 21:], k[:, 21:], v[:, 21:], log_gate=lf[:, 21:], log_input=li[:, 21:],
+                                       initial_state=state, chunk_size=5)
+    assert _rel(np.concatenate([o1, o2], axis=1), o_all) <= 1e-12
+    assert np.allclose(m2, m_all, rtol=1e-13, atol=0) and _rel(S2, S_all) <= 1e-12
+
+
+def test_mlstm_large_input_gates_overflow_only_without_the_stabiliser():
+    rng = np.random.default_rng(5)
+    q, k, v, lf, li = _mlstm_inputs(rng, (), 200, 8, 4, positive=True)     # a normaliser read with no cancellation
+    li = rng.uniform(50.0, 300.0, 200)                         # e^300 fits float64, not float32
+    o64, _ = gla.mlstm_recurrent(q, k, v, log_gate=lf, log_input=li)
+    assert np.all(np.isfinite(o64))
+    f32 = lambda x: x.astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        try:
+            o_rec32, _ = gla.mlstm_recurrent(f32(q), f32(k), f32(v), log_gate=f32(lf), log_input=f32(li))
+            overflowed = not np.all(np.isfinite(o_rec32))
+        except ValueError:                                     # the input gate e^{log i} itself is inf
+            overflowed = True
+    assert overflowed
+    with np.errstate(over="raise", invalid="raise", divide="raise"):      # the stabilised form raises no warning
+        o32, (S32, m32) = gla.mlstm_chunkwise(f32(q), f32(k), f32(v), log_gate=f32(lf), log_input=f32(li),
+                                              chunk_size=32)
+    assert o32.dtype == np.float32 and np.all(np.isfinite(o32)) and np.all(np.isfinite(S32))
+    # against float64 on the same (float32-rounded) inputs: e^{log i} amplifies a rounding of log i by |log i|
+    o64r, _ = gla.mlstm_recurrent(*(f32(x).astype(np.float64) for x in (q, k, v)), log_gate=f32(lf).astype(float),
+                                  log_input=f32(li).astype(float))
+    assert _rel(o32, o64r) <= 2e-4
+
+
+def test_mlstm_chunkwise_is_exact_where_even_float64_overflows():
+    # with q, k > 0 the normaliser's read is far above 1, so the output does not change when every
+    # input gate is multiplied by the same factor: e^2000 gives the outputs of e^10
+    rng = np.random.default_rng(6)
+    q, k, v, lf, li = _mlstm_inputs(rng, (), 120, 4, 3, positive=True)
+    o_small, _ = gla.mlstm_chunkwise(q, k, v, log_gate=lf, log_input=li + 10.0, chunk_size=16)
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        o_big, (S, m) = gla.mlstm_chunkwise(q, k, v, log_gate=lf, log_input=li + 2000.0, chunk_size=16)
+    assert _rel(o_big, o_small) <= 1e-12 and m > 1000 and np.all(np.isfinite(S))
+    # without the stabiliser: input gates e^700 to e^709 are finite in float64, the state they add up is not
+    with np.errstate(over="ignore", invalid="ignore"):
+        o_rec, _ = gla.mlstm_recurrent(q, k, v, log_gate=np.full(120, -1e-3),
+                                       log_input=np.random.default_rng(7).uniform(700.0, 709.0, 120))
+    assert not np.all(np.isfinite(o_rec))
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        o, _ = gla.mlstm_chunkwise(q, k, v, log_gate=np.full(120, -1e-3),
+                                   log_input=np.random.default_rng(7).uniform(700.0, 709.0, 120))
+    assert np.all(np.isfinite(o))
+
+
+@pytest.mark.parametrize("kw,name", [
+    ({"log_gate": np.full(5, 0.1)}, "log_gate"),
+    ({"log_input": np.zeros(4)}, "log_input"),
+    ({"initial_state": np.zeros((3, 2))}, "initial_state"),
+    ({"initial_state": (np.zeros((3, 3)), 0.0, 1.0)}, "initial_state"),
+    ({"initial_state": (np.zeros((3, 3)), np.nan)}, "initial_state"),
+    ({"chunk_size": 0}, "chunk_size"),
+])
+def test_mlstm_chunkwise_bad_input_names_the_argument(kw, name):
+    rng = np.random.default_rng(0)
+    args = dict(log_gate=np.zeros(5), log_input=np.zeros(5))
+    args.update(kw)
+    with pytest.raises(ValueError, match=rf"^{name}"):
+        gla.mlstm_chunkwise(rng.standard_normal((5, 3)), rng.standard_normal((5, 3)), rng.standard_normal((5, 2)),
+                            **args)

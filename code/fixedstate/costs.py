@@ -50,6 +50,8 @@ __all__ = [
     "crossover_length",
     "decode_crossover_length",
     "delta_rule_chunkwise_flops",
+    "dplr_chunkwise_flops",
+    "chunkwise_profile",
     "ssm_state_bytes",
     "selective_scan_flops",
     "ssm_decode_flops",
@@ -317,6 +319,94 @@ def delta_rule_chunkwise_flops(seq_len, d_k, d_v, *, chunk_size=64, layer=GATED_
     per_chunk = (pairs + inverse + 2 * c * c * (d_k + d_v)
                  + 4 * c * d_k * d_v + 2 * c * d_k * d_v + 2 * c * c * d_v)
     return batch * n_chunks * per_chunk
+
+
+def dplr_chunkwise_flops(seq_len, d_k, d_v, *, chunk_size=64, tied=False, batch=1) -> dict:
+    """FLOPs of the matrix products of a chunkwise diagonal-plus-low-rank form, by part (``eq-fam-dplr``).
+
+    ``tied=False`` counts :func:`fixedstate.delta_family.rwkv7_chunkwise`, the general form
+    ``S_t = (Diag(w_t) + b_t a_t^T) S_{t-1} + k_t v_t^T`` with three separate vectors
+    (``eq-fam-rwkv7-chunk-u``, ``eq-fam-rwkv7-chunk-out``, ``eq-fam-rwkv7-chunk-state``);
+    ``tied=True`` counts :func:`fixedstate.delta_rule.kda_chunkwise`, where the rank-one term
+    and the write share the key (its total is :func:`delta_rule_chunkwise_flops` with
+    ``layer="kda"``). Per chunk of ``C`` tokens (``chunk_size`` rounded up to a power of
+    two), with ``n = ceil(T / chunk_size)`` chunks per sequence:
+
+    - ``"pairs"``, the decayed pair matrices, level by level: general, four (``q b``,
+      ``q k``, ``a b``, ``a k``) in one product of ``2h x 2h`` blocks per level,
+      ``4 C (C - 1) d_k``; tied, two (``q k``, ``k k``), ``2 C (C - 1) d_k``;
+    - ``"inverse"``, the unit lower-triangular inverse, ``sum over h = 4, ..., C/2 of 2 C h^2``;
+    - ``"intra"``, the other products of a chunk's ``C x C`` matrices with its ``C x d``
+      blocks: general ``2 C^2 d_k + 8 C^2 d_v``, tied ``2 C^2 d_k + 4 C^2 d_v``;
+    - ``"state"``, products of the state's size ``d_k x d_v``: general ``8 C d_k d_v``,
+      tied ``6 C d_k d_v``.
+
+    Returns a dict with those four parts and their ``"total"``, each times ``n`` and
+    ``batch``. Only matrix products are counted (a test records the products the forms
+    call); the elementwise decays are not.
+    """
+    t = _count(seq_len, "seq_len")
+    d_k = _count(d_k, "d_k", minimum=1)
+    d_v = _count(d_v, "d_v", minimum=1)
+    chunk = _count(chunk_size, "chunk_size", minimum=1)
+    batch = _count(batch, "batch", minimum=1)
+    for name, x in (("seq_len", t), ("d_k", d_k), ("d_v", d_v), ("chunk_size", chunk), ("batch", batch)):
+        if not isinstance(x, int):
+            raise ValueError(f"{name}: expected a single integer, got an array")
+    if not isinstance(tied, (bool, np.bool_)):
+        raise ValueError(f"tied: expected True (KDA's tied vectors) or False (RWKV-7's general form), got {tied!r}")
+    c = 1 << (chunk - 1).bit_length()
+    n = batch * max(1, -(-t // chunk))
+    parts = {
+        "pairs": (2 if tied else 4) * c * (c - 1) * d_k,
+        "inverse": sum(2 * c * h * h for h in (1 << j for j in range(2, c.bit_length() - 1))),
+        "intra": 2 * c * c * d_k + (4 if tied else 8) * c * c * d_v,
+        "state": (6 if tied else 8) * c * d_k * d_v,
+    }
+    parts = {name: n * value for name, value in parts.items()}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def chunkwise_profile(seq_len, d_k, d_v, *, chunk_size=64, bytes_per_element=2, state_bytes_per_element=4,
+                      batch=1) -> dict:
+    """Where the work of Gated DeltaNet's chunkwise form goes, and how much data it needs (``eq-fam-intensity``).
+
+    ``"matmul_flops"`` are the matrix products, :func:`delta_rule_chunkwise_flops`
+    (``layer="gated_delta"``). ``"elementwise_flops"`` counts the rest from the formulas,
+    one FLOP per elementwise operation (an exponential counts as one), per chunk of ``C``
+    tokens (``chunk_size`` rounded up to a power of two): the cumulative log-decays and
+    their exponentials, ``2 C``; the decay mask ``exp(b_r - b_i)`` on the lower triangle and
+    its application with ``beta`` to ``Q K^T`` and ``K K^T``, ``5 C^2``; the scalings of
+    keys, queries and values by ``beta`` and the decays, ``4 C d_k + C d_v``; the two
+    additions of ``C x d_v`` blocks, ``2 C d_v``; decaying and adding the state,
+    ``2 d_k d_v``. ``"bytes"`` is the least data the form must move per sequence: reading
+    ``q, k, v, beta, log_gate`` and writing the outputs at ``bytes_per_element`` (2 for
+    bfloat16), and reading and writing the state once at ``state_bytes_per_element`` (4,
+    float32), the state staying on chip from chunk to chunk as the fused kernels keep it.
+
+    Returns a dict with those three counts (times ``batch``), ``"matmul_fraction"``
+    (matrix products over all FLOPs) and ``"intensity"`` (all FLOPs per byte).
+    """
+    t = _count(seq_len, "seq_len", minimum=1)
+    d_k = _count(d_k, "d_k", minimum=1)
+    d_v = _count(d_v, "d_v", minimum=1)
+    chunk = _count(chunk_size, "chunk_size", minimum=1)
+    batch = _count(batch, "batch", minimum=1)
+    b_in = _count(bytes_per_element, "bytes_per_element", minimum=1)
+    b_state = _count(state_bytes_per_element, "state_bytes_per_element", minimum=1)
+    for name, x in (("seq_len", t), ("d_k", d_k), ("d_v", d_v), ("chunk_size", chunk), ("batch", batch),
+                    ("bytes_per_element", b_in), ("state_bytes_per_element", b_state)):
+        if not isinstance(x, int):
+            raise ValueError(f"{name}: expected a single integer, got an array")
+    c = 1 << (chunk - 1).bit_length()
+    n = max(1, -(-t // chunk))
+    matmul = delta_rule_chunkwise_flops(t, d_k, d_v, chunk_size=chunk, layer=GATED_DELTA, batch=batch)
+    elementwise = batch * n * (2 * c + 5 * c * c + 4 * c * d_k + 3 * c * d_v + 2 * d_k * d_v)
+    moved = batch * (t * (2 * d_k + d_v + 2) * b_in + t * d_v * b_in + 2 * d_k * d_v * b_state)
+    total = matmul + elementwise
+    return {"matmul_flops": matmul, "elementwise_flops": elementwise, "bytes": moved,
+            "matmul_fraction": matmul / total, "intensity": total / moved}
 
 
 # ---------------------------------------------------------------------------- state-space models (chapter 4's table)

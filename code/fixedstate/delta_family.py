@@ -18,6 +18,13 @@ read is ``S^T q``), and each update is ``S_t = M_t S_{t-1} + (write)`` with a
   state) approximation of the delta rule's implicit update
   (:func:`longhorn_recurrent`).
 
+The objective behind each update (``eq-fam-regression`` to ``eq-fam-implicit``): every
+layer's update is one step of an online learner on a loss of the state.
+:func:`regression_objective` is the delta rule's ``1/2 |S^T k - v|^2``,
+:func:`score_objective` linear attention's ``-<S^T k, v>``, :func:`decay_objective` the
+weight-decay penalty a decay shrinks by, and :func:`implicit_regression_step` the exact
+(proximal) step on the regression that Longhorn approximates.
+
 Negative eigenvalues. The erase factor ``I - beta k k^T`` has eigenvalue
 ``1 - beta |k|^2`` along ``k``. With unit keys and ``beta`` in [0, 1] it lies in
 [0, 1]; with ``beta`` in [0, 2] it reaches -1, a reflection. The functions here
@@ -40,16 +47,17 @@ import math
 import numpy as np
 
 from ._threads import one_blas_thread
-from ._validate import (Arg, as_float_array, check_interval, check_log_gate, check_positive_int, check_real_number,
-                        prepare_layer_args)
+from ._validate import (Arg, as_float_array, as_float_batch, broadcast_leading, check_interval, check_log_gate,
+                        check_positive_int, check_real_number, float_dtype, prepare_layer_args)
 from .gated_linear_attention import gla_recurrent
-from .kernels import (block_view, chunk_grid, chunks_per_group, delta_chunks, flat, levels, split_chunks,
+from .kernels import (block_view, chunk_grid, chunks_per_group, delta_chunks, flat, levels, matmul, split_chunks,
                       unit_lower_inverse)
 
 __all__ = [
     "deltaproduct_step", "deltaproduct_recurrent", "deltaproduct_chunkwise",
     "rwkv7_step", "rwkv7_recurrent", "rwkv7_chunkwise", "longhorn_recurrent",
     "parity_delta_rule", "diagonal_parity_layer", "fit_diagonal_parity", "sign_changes", "parity",
+    "regression_objective", "score_objective", "decay_objective", "implicit_regression_step",
 ]
 
 
@@ -294,7 +302,7 @@ def _rwkv7_pairs(w, q, k, a, b):
         right = np.empty((N, C // (2 * h), 2 * h, d_k), dtype=dtype)
         np.multiply(bs[:, :, 0], bw[:, :, 0], out=right[:, :, :h])            # b_i bwd[i], i in F
         np.multiply(ks[:, :, 0], bw[:, :, 0], out=right[:, :, h:])            # k_i bwd[i]
-        both = np.matmul(left, right.swapaxes(-1, -2))                         # (N, C/2h, 2h, 2h)
+        both = matmul(left, right.swapaxes(-1, -2))                            # (N, C/2h, 2h, 2h)
         block_view(qb, h, h, 0)[...] = both[:, :, :h, :h]
         block_view(qk, h, h, 0)[...] = both[:, :, :h, h:]
         block_view(ab, h, h, 0)[...] = both[:, :, h:, :h]
@@ -320,12 +328,12 @@ def _rwkv7_group(qc, kc, vc, ac, bc, w, S):
     qb, qk, ab, ak, gamma, gamma_excl, to_end = _rwkv7_pairs(flat(w), qc, kc, ac, bc)
     # eq-fam-rwkv7-chunk-u: (I - L_ab) U = L_ak V + (A o Gamma^-) S_0, so U = U~ + W S_0
     ut = unit_lower_inverse(-ab)                                              # (I - L_ab)^{-1}
-    u_free = np.matmul(ut, np.matmul(ak, vc))                                 # U~ = T L_ak V
+    u_free = matmul(ut, matmul(ak, vc))                                       # U~ = T L_ak V
     reads = np.empty((B * g, 2 * C, d_k), dtype=dtype)                        # [W; Gamma o Q]
-    np.matmul(ut, ac * gamma_excl, out=reads[:, :C])
+    matmul(ut, ac * gamma_excl, out=reads[:, :C])
     np.multiply(qc, gamma, out=reads[:, C:])
     b_end_t = (bc * to_end).swapaxes(-1, -2)                                  # (Gamma^-> o B)^T, (d_k, C)
-    kv_end = np.matmul((kc * to_end).swapaxes(-1, -2), vc)                    # (Gamma^-> o K)^T V
+    kv_end = matmul((kc * to_end).swapaxes(-1, -2), vc)                       # (Gamma^-> o K)^T V
     decay_last = gamma[:, -1, :, None]                                        # Gamma_C, (d_k, 1)
 
     # The only sequential part: carry the state from chunk to chunk (eq-fam-rwkv7-chunk-state).
@@ -334,14 +342,14 @@ def _rwkv7_group(qc, kc, vc, ac, bc, w, S):
     read = np.empty((B, g, 2 * C, d_v), dtype=dtype)                          # [W S_0; (Gamma o Q) S_0]
     u = np.empty((B, g, C, d_v), dtype=dtype)
     for j in range(g):
-        np.matmul(reads[:, j], S, out=read[:, j])
+        matmul(reads[:, j], S, out=read[:, j])
         np.add(u_free[:, j], read[:, j, :C], out=u[:, j])                     # U = U~ + W S_0
         S *= decay_last[:, j]
-        S += np.matmul(b_end_t[:, j], u[:, j])
+        S += matmul(b_end_t[:, j], u[:, j])
         S += kv_end[:, j]
     # eq-fam-rwkv7-chunk-out: O = (Gamma o Q) S_0 + P_qb U + P_qk V, for the group's chunks at once
-    out = np.matmul(qb, u.reshape(B * g, C, d_v))
-    out += np.matmul(qk, vc)
+    out = matmul(qb, u.reshape(B * g, C, d_v))
+    out += matmul(qk, vc)
     out += read.reshape(B * g, 2 * C, d_v)[:, C:]
     return out.reshape(B, g, C, d_v)
 
@@ -600,3 +608,118 @@ def sign_changes(values, threshold=0.0):
     s = np.sign(arr - threshold)
     s = s[s != 0]
     return int(np.count_nonzero(s[1:] != s[:-1]))
+
+
+# --------------------------------------------------------------------------- the objective behind each update
+
+def _prepare_objective(state, k, v):
+    """Validate ``state`` (..., d_k, d_v), ``k`` (..., d_k), ``v`` (..., d_v); cast to one dtype."""
+    dtype = float_dtype(state, k, v)
+    S = as_float_batch(state, "state", (None, None), ("d_k", "d_v"))
+    d_k, d_v = S.shape[-2:]
+    k = as_float_batch(k, "k", (d_k,), ("d_k",))
+    v = as_float_batch(v, "v", (d_v,), ("d_v",))
+    broadcast_leading(("state", S, 2), ("k", k, 1), ("v", v, 1))
+    return (x.astype(dtype, copy=False) for x in (S, k, v))
+
+
+def regression_objective(state, k, v):
+    """The delta rule's loss and its gradient in the state, ``eq-fam-regression``.
+
+    ``L(S) = 1/2 |S^T k - v|^2``, the squared error of the state read as a linear
+    map from keys to values, and ``grad L(S) = k (S^T k - v)^T``. One gradient
+    step of size ``beta`` from ``S`` is DeltaNet's update, ``S - beta grad L(S)
+    = (I - beta k k^T) S + beta k v^T``; taken from the decayed state it is
+    Gated DeltaNet's (scalar decay) or KDA's (a decay per key channel).
+
+    Parameters
+    ----------
+    state : (..., d_k, d_v). k : (..., d_k). v : (..., d_v). Leading axes broadcast.
+
+    Returns
+    -------
+    loss : (...) array. gradient : (..., d_k, d_v) array, the shape of the state.
+    """
+    S, k, v = _prepare_objective(state, k, v)
+    error = np.matmul(k[..., None, :], S)[..., 0, :] - v                    # S^T k - v, (..., d_v)
+    return 0.5 * np.sum(error * error, axis=-1), k[..., :, None] * error[..., None, :]
+
+
+def score_objective(state, k, v):
+    """Linear attention's loss and its gradient, ``eq-fam-score``: ``L(S) = -<S^T k, v> = -k^T S v``, ``grad = -k v^T``.
+
+    The loss rewards the state for reading ``v`` from ``k`` in proportion, without
+    bound: it is linear in ``S``, so a step never stops writing. One gradient step
+    of size 1 is linear attention's update ``S + k v^T``; from the decayed state
+    it is GLA's (a decay per channel), RetNet's, Mamba-2's, or with step ``i_t``
+    the mLSTM's.
+
+    Parameters
+    ----------
+    state : (..., d_k, d_v). k : (..., d_k). v : (..., d_v). Leading axes broadcast.
+
+    Returns
+    -------
+    loss : (...) array. gradient : (..., d_k, d_v) array.
+    """
+    S, k, v = _prepare_objective(state, k, v)
+    read = np.matmul(k[..., None, :], S)[..., 0, :]                          # S^T k
+    gradient = -(k[..., :, None] * v[..., None, :])
+    return -np.sum(read * v, axis=-1), np.broadcast_to(gradient, np.broadcast_shapes(gradient.shape, S.shape)).copy()
+
+
+def decay_objective(state, *, log_gate):
+    """The weight-decay penalty behind a decay, ``eq-fam-decay``, and its gradient.
+
+    ``R(S) = 1/2 sum_c (1 - alpha_c) |S_c|^2`` over the rows ``S_c`` of the state
+    (one per key channel), ``alpha = exp(log_gate)``; ``grad R(S) = Diag(1 - alpha) S``.
+    One gradient step of size 1 on ``R`` is the decay itself,
+    ``S - grad R(S) = Diag(alpha) S``: a shrinkage of each row towards zero.
+
+    Parameters
+    ----------
+    state : (..., d_k, d_v). log_gate : (..., d_k) log-decays <= 0 (a scalar decay
+    is the same entry in every channel).
+
+    Returns
+    -------
+    loss : (...) array. gradient : (..., d_k, d_v) array.
+    """
+    dtype = float_dtype(state, log_gate)
+    S = as_float_batch(state, "state", (None, None), ("d_k", "d_v")).astype(dtype, copy=False)
+    lg = check_log_gate(as_float_batch(log_gate, "log_gate", (S.shape[-2],), ("d_k",)), "log_gate")
+    broadcast_leading(("state", S, 2), ("log_gate", lg, 1))
+    shrink = -np.expm1(lg.astype(dtype, copy=False))[..., :, None]          # 1 - alpha_c, (..., d_k, 1)
+    return 0.5 * np.sum(shrink * S * S, axis=(-2, -1)), shrink * S
+
+
+def implicit_regression_step(state, k, v, *, beta):
+    """The implicit (proximal) step on the regression loss, ``eq-fam-implicit``: the exact minimiser.
+
+    ``S_new = argmin_S 1/2 |S - S_0|^2 + 1/2 sum_j beta_j (s_j^T k - v_j)^2`` over
+    the columns ``s_j`` of ``S`` (one per value channel, each with its own step
+    ``beta_j >= 0``, or one ``beta`` for all). Each column solves
+    ``(I + beta_j k k^T) s_j = s_0j + beta_j v_j k``, whose solution (Sherman and
+    Morrison) is the delta rule with the step ``eps_j = beta_j / (1 + beta_j |k|^2)``:
+    ``s_j = s_0j - eps_j k (k^T s_0j - v_j)``. It is also the implicit gradient
+    step ``S_new = S_0 - grad L(S_new) Diag(beta)``, the gradient taken at the new
+    state. Longhorn's layer (:func:`longhorn_recurrent`) is this step with ``k k^T``
+    replaced by its diagonal.
+
+    Parameters
+    ----------
+    state : (..., d_k, d_v). k : (..., d_k). v : (..., d_v).
+    beta : a number, or (..., d_v) steps, non-negative.
+
+    Returns
+    -------
+    new_state : (..., d_k, d_v) array.
+    """
+    S, k, v = _prepare_objective(state, k, v)
+    beta = _non_negative_steps(as_float_array(beta, "beta"))
+    if beta.ndim and beta.shape[-1] not in (1, S.shape[-1]):
+        raise ValueError(f"beta: expected a number or shape (..., d_v={S.shape[-1]}), got shape {beta.shape}")
+    beta = beta.astype(S.dtype, copy=False)
+    eps = beta / (1.0 + beta * np.sum(k * k, axis=-1, keepdims=True))     # (..., d_v) or (..., 1)
+    error = np.matmul(k[..., None, :], S)[..., 0, :] - v                    # k^T S_0 - v
+    return S - k[..., :, None] * (eps * error)[..., None, :]

@@ -26,7 +26,9 @@ special cases and relatives, in the book's orientation:
   ``f_t`` and an exponential input gate ``i_t``: GLA with ``log_gate = log f_t``
   broadcast over the channels and the key ``i_t k_t``; its normaliser
   ``n_t = f_t n_{t-1} + i_t k_t`` is the state of a value column of ones, and
-  the output divides by ``max(|n_t^T q_t|, 1)`` (:func:`mlstm_recurrent`).
+  the output divides by ``max(|n_t^T q_t|, 1)`` (:func:`mlstm_recurrent`); with the
+  stabiliser, in chunkwise form (:func:`mlstm_chunkwise`), no input gate's exponential
+  is ever formed.
 
 Every function takes ``q, k, v`` positionally and the rest by keyword and
 returns ``(outputs, final_state)``. Shapes carry any leading axes (batch,
@@ -69,12 +71,13 @@ from ._validate import (Arg, as_float_array, as_float_batch, check_log_gate, che
 from .kernels import chunks_per_group  # the one formula for the size of a group of chunks
 from .kernels import chunk_decays  # KDA's overflow-safe per-channel pair products, shared with GLA
 from .kernels import flat          # merges the leading axes into one
+from .kernels import segment_sums  # sums of log-gates over segments, with no cancellation
 from .kernels import split_chunks  # the chunks of a sequence, padded with tokens that change nothing
 
 __all__ = [
     "gla_step", "gla_recurrent", "gla_chunkwise", "gla_loop", "gla_chunk",
     "retnet_recurrent", "retnet_chunkwise", "retnet_log_decays",
-    "hgrn2_recurrent", "hgrn2_chunkwise", "mlstm_recurrent",
+    "hgrn2_recurrent", "hgrn2_chunkwise", "mlstm_recurrent", "mlstm_chunkwise",
 ]
 
 
@@ -385,3 +388,103 @@ def mlstm_recurrent(q, k, v, *, log_gate, log_input, scale=1.0, initial_state=No
                            initial_state=initial_state)
     out = raw[..., :-1] / np.maximum(np.abs(raw[..., -1:]), 1.0)
     return (out * out.dtype.type(scale) if scale != 1.0 else out), S
+
+
+# --------------------------------------------------------------------------- mLSTM with its max-stabiliser, chunkwise
+
+@one_blas_thread
+def _mlstm_chunks(q, k, v, log_gate, log_input, S, m, chunk_size):
+    """The kernel of :func:`mlstm_chunkwise` on flattened arrays (``eq-fam-mlstm-chunk``), one BLAS thread.
+
+    ``q, k``: (B, T, d_k); ``v``: (B, T, d_v); ``log_gate, log_input``: (B, T); ``S``:
+    (B, d_k, d_v + 1) the stabilised state (its last column the normaliser) and ``m``
+    (B,) its log-scale (``-inf`` for an empty state); ``chunk_size`` an integer >= 1. No
+    validation. Returns the (unscaled) outputs (B, T, d_v), the
+    stabilised final state and its log-scale.
+    """
+    B, T, d_k = q.shape
+    d_v = v.shape[-1]
+    dtype = q.dtype
+    values = np.concatenate([v, np.ones((B, T, 1), dtype=dtype)], axis=-1)   # the column of ones carries n
+    out = np.empty((B, T, d_v), dtype=dtype)
+    S, m = S.copy(), m.copy()
+    for start in range(0, T, chunk_size):
+        c = slice(start, min(T, start + chunk_size))
+        n = c.stop - start
+        lower = np.tri(n, dtype=bool)
+        # the log-weight of every contribution to token r: the entering state's and each write i <= r's
+        from_state = np.cumsum(log_gate[:, c], axis=1) + m[:, None]                  # b_r + m_0, (B, n)
+        D = np.where(lower, segment_sums(log_gate[:, c]) + log_input[:, None, c], -np.inf)   # (B, n, n)
+        m_r = np.maximum(from_state, D.max(axis=2))                                  # the stabiliser m_r
+        W = np.exp(D - m_r[:, :, None])                                              # every exponent <= 0
+        W *= np.matmul(q[:, c], k[:, c].swapaxes(-1, -2))                            # times q_r^T k_i
+        num = np.matmul(W, values[:, c])
+        num += np.exp(from_state - m_r)[:, :, None] * np.matmul(q[:, c], S)          # the entering state
+        with np.errstate(over="ignore"):                 # e^{-m_r} = inf only when every gate is tiny: output 0
+            floor = np.exp(-m_r)[:, :, None]                                         # max(|n~^T q|, e^{-m_r})
+        out[:, c] = num[..., :d_v] / np.maximum(np.abs(num[..., d_v:]), floor)
+        m_end = m_r[:, -1]
+        S *= np.exp(from_state[:, -1] - m_end)[:, None, None]
+        S += np.matmul((k[:, c] * np.exp(D[:, -1] - m_end[:, None])[:, :, None]).swapaxes(-1, -2), values[:, c])
+        m = m_end
+    return out, S, m
+
+
+def mlstm_chunkwise(q, k, v, *, log_gate, log_input, scale=1.0, initial_state=None, chunk_size=64):
+    """The mLSTM cell in chunkwise form with its max-stabiliser (``eq-fam-mlstm-chunk``).
+
+    The same layer as :func:`mlstm_recurrent`, ``eq-fam-mlstm``, computed so that no
+    exponential of an input gate is ever formed: within a chunk the log-weight of each
+    contribution to token ``r``, ``b_r + m_0`` for the entering state (``b_r`` the
+    cumulative log forget gate from the chunk's start) and ``b_r - b_i + log i_i`` for the
+    write of token ``i <= r``, is taken relative to their maximum ``m_r``, the stabiliser
+    (Beck et al. 2024); numerator and normaliser are divided by ``e^{m_r}``, and the
+    floor 1 of the denominator becomes ``e^{-m_r}``. Every exponent is at most 0, so
+    input gates of ``e^{1000}`` are as safe as ``e^{1}``. The state is carried from chunk
+    to chunk stabilised, with its log-scale ``m``: the true state is ``e^m`` times it.
+
+    Parameters
+    ----------
+    q, k : (..., T, d_k). v : (..., T, d_v). log_gate : (..., T) log forget gates <= 0.
+    log_input : (..., T) log input gates, any sign. scale : readout scale.
+    initial_state : None (an empty state), an array (..., d_k, d_v + 1) (the unstabilised
+    state with its normaliser column, as :func:`mlstm_recurrent` takes it), or a pair
+    ``(state, log_scale)`` as this function returns it.
+    chunk_size : an integer >= 1 (the length need not be a multiple of it).
+
+    Returns
+    -------
+    outputs : (..., T, d_v). final_state : the pair ``(state, log_scale)``, ``state``
+    (..., d_k, d_v + 1) stabilised and ``log_scale`` (...), the true state being
+    ``exp(log_scale) * state``.
+    """
+    chunk_size = check_positive_int(chunk_size, "chunk_size")
+    log_scale = None
+    if isinstance(initial_state, tuple):
+        if len(initial_state) != 2:
+            raise ValueError(f"initial_state: expected an array or a pair (state, log_scale), got a tuple of "
+                             f"{len(initial_state)}")
+        initial_state, log_scale = initial_state
+        log_scale = as_float_array(log_scale, "initial_state", allow_nonfinite=True)
+        if np.any(np.isnan(log_scale)) or np.any(log_scale == np.inf):
+            raise ValueError("initial_state: expected a log-scale that is finite or -inf, got NaN or +inf")
+    lead, (q, k, v, lf, li), _, scale = prepare_layer_args(
+        [Arg("q", q, ("T", "d_k")), Arg("k", k, ("T", "d_k")), Arg("v", v, ("T", "d_v")),
+         Arg("log_gate", log_gate, ("T",), check_log_gate), Arg("log_input", log_input, ("T",))],
+        scale=scale)
+    T, d_k, d_v, dtype = q.shape[-2], q.shape[-1], v.shape[-1], q.dtype
+    if initial_state is None:
+        S = np.zeros(lead + (d_k, d_v + 1), dtype=dtype)
+        m = np.full(lead, -np.inf, dtype=dtype)
+    else:
+        S = as_float_batch(initial_state, "initial_state", (d_k, d_v + 1), ("d_k", "d_v + 1"))
+        S = np.broadcast_to(S, np.broadcast_shapes(S.shape, lead + (d_k, d_v + 1))).astype(dtype)
+        lead = S.shape[:-2]
+        m = np.zeros(lead, dtype=dtype) if log_scale is None else np.broadcast_to(log_scale, lead).astype(dtype)
+    bq = lambda x, n: np.broadcast_to(x, lead + x.shape[x.ndim - n:])
+    out, S, m = _mlstm_chunks(flat(bq(q, 2), lead, 2), flat(bq(k, 2), lead, 2), flat(bq(v, 2), lead, 2),
+                             flat(bq(lf, 1), lead, 1), flat(bq(li, 1), lead, 1), flat(S, lead, 2),
+                             m.reshape(-1), chunk_size)
+    if scale != 1.0:
+        out *= dtype.type(scale)
+    return out.reshape(lead + (T, d_v)), (S.reshape(lead + (d_k, d_v + 1)), m.reshape(lead))

@@ -8,6 +8,10 @@
 - :func:`check_ssd_chunk_step` for ``ex-fam-ssd-chunk-step``:
   ``ssd_chunk_step(x, delta, a, B, C, state) -> (y, new_state)``, one chunk of
   Mamba-2's chunked algorithm (compared with :func:`fixedstate.ssm.ssd_chunk`);
+- :func:`check_implicit_step` for ``ex-fam-implicit-step``:
+  ``implicit_step(state, key, value, beta) -> new_state``, the implicit (proximal)
+  step on the regression loss (``eq-fam-implicit``), with one step size or one per
+  value column (compared with :func:`fixedstate.delta_family.implicit_regression_step`);
 - challenge :func:`check_ssd_interchunk` for ``ex-fam-ssd-interchunk``:
   ``ssd_interchunk(x, delta, a, B, C, chunk_size, initial_state=None) -> (y_state, final_state)``,
   steps 2-4 of the chunked algorithm (chunk states, the inter-chunk scalar
@@ -30,7 +34,8 @@ from .. import linear_attention as la
 from .. import ssm
 from ._core import CheckResult, Failure, call_student, call_without, compare_arrays, has_nonfinite, run_check
 
-__all__ = ["check_table_row", "check_deltaproduct_step", "check_ssd_chunk_step", "check_ssd_interchunk",
+__all__ = ["check_table_row", "check_deltaproduct_step", "check_implicit_step", "check_ssd_chunk_step",
+           "check_ssd_interchunk",
            "FINCH_ROW", "TRANSITIONS", "GATES"]
 
 #: the table's vocabulary
@@ -208,6 +213,78 @@ def check_deltaproduct_step(deltaproduct_step) -> CheckResult:
                     compare_arrays(got, delta_net, what="the new state (n_h = 1 is DeltaNet's step)", case=desc)
         return ("your step applies the n_h Householder steps in order, as in eq-fam-deltaproduct; with n_h = 1 "
                 "it is DeltaNet's step")
+
+    return run_check(label, body)
+
+
+# --------------------------------------------------------------------------- the implicit step
+
+def _implicit_cases(rng):
+    """(description, state, key, value, beta): scalar and per-column steps, keys of several lengths."""
+    cases = []
+    for d_k, d_v, key_norm, per_column, big in ((3, 2, 1.0, False, False), (4, 3, 0.6, False, True),
+                                                (4, 2, 1.7, True, False), (5, 3, 2.5, True, True)):
+        S = rng.standard_normal((d_k, d_v))
+        key = rng.standard_normal(d_k)
+        key *= key_norm / np.linalg.norm(key)
+        value = rng.standard_normal(d_v)
+        beta = rng.uniform(0.2, 1.5, d_v) if per_column else float(rng.uniform(0.3, 1.2))
+        if big:
+            beta = beta * 20.0
+        desc = (f"a {d_k}x{d_v} state, |key| = {key_norm}, "
+                + (f"beta per column {np.round(beta, 3).tolist()}" if per_column else f"beta = {beta:.3f}"))
+        cases.append((desc, S, key, value, beta))
+    return cases
+
+
+def check_implicit_step(implicit_step) -> CheckResult:
+    """Check ``implicit_step(state, key, value, beta) -> new_state`` (``eq-fam-implicit``).
+
+    ``state`` (d_k, d_v), ``key`` (d_k,), ``value`` (d_v,), ``beta`` a number or a
+    (d_v,) array of non-negative steps, one per value column. The answer must be
+    the minimiser of ``1/2 |S - state|^2 + 1/2 sum_j beta_j (s_j^T key - value_j)^2``,
+    compared with :func:`fixedstate.delta_family.implicit_regression_step` on keys
+    shorter and longer than 1, one step size and one per column, and steps large
+    enough that an explicit step overshoots. The usual slips are named: the
+    explicit step, the step size without ``|key|^2``, Longhorn's diagonal in place of
+    ``k k^T``, one step size used for every column, a transposed state.
+    """
+    label = "ex-fam-implicit-step"
+
+    def body():
+        rng = np.random.default_rng(73)
+        for desc, S, key, value, beta in _implicit_cases(rng):
+            beta_arg = beta.copy() if isinstance(beta, np.ndarray) else beta
+            got = call_student(implicit_step, S.copy(), key.copy(), value.copy(), beta_arg, case=desc)
+            if has_nonfinite(got):
+                raise Failure(f"on {desc}: the new state contains inf or nan")
+            expected = df.implicit_regression_step(S, key, value, beta=beta)
+            got_arr = np.asarray(got, dtype=float)
+            if got_arr.shape == S.T.shape and S.shape[0] != S.shape[1]:
+                raise Failure(f"on {desc}: expected shape {S.shape}, got {got_arr.shape}: the transpose. "
+                              "The book stores S as d_k x d_v, so a read is S^T k")
+            b = np.broadcast_to(np.asarray(beta, dtype=float), (S.shape[1],))
+            error = S.T @ key - value                                        # k^T s_j - v_j, per column
+            kk = float(key @ key)
+
+            def delta_step(step):
+                return S - np.outer(key, step * error)
+
+            diagonal = (1.0 - np.outer(key * key, b / (1.0 + b * kk))) * S + np.outer(key, b / (1.0 + b * kk) * value)
+            _diagnose(got, expected, [
+                (delta_step(b), "this is the explicit step S - beta grad L(S), the gradient taken at the old "
+                                "state; the implicit step takes it at the new state and solves "
+                                "(I + beta k k^T) s_j = s_j_old + beta v_j k"),
+                (delta_step(b / (1.0 + b)), "the step size is beta / (1 + beta |k|^2): the Sherman-Morrison "
+                                            "denominator needs the squared length of the key"),
+                (diagonal, "this is Longhorn's layer, with k k^T replaced by its diagonal: the exact "
+                           "minimiser keeps the whole k k^T"),
+                (delta_step(np.full_like(b, b[0]) / (1.0 + b[0] * kk)),
+                 "every column used the first step size: beta has one entry per value column"),
+            ], desc)
+            compare_arrays(got, expected, what="the new state", case=desc)
+        return ("your step solves the proximal problem exactly: the delta rule with the step beta / (1 + beta |k|^2), "
+                "which never overshoots")
 
     return run_check(label, body)
 

@@ -384,6 +384,25 @@ def _deltaproduct(rng):
     return out
 
 
+@register("family", "check_implicit_step")
+def _implicit_step(rng):
+    from fixedstate import delta_family as df
+    out = []
+    for per_column, big in ((False, False), (True, False), (True, True)):
+        d_k, d_v = _sizes(rng)
+        S = rng.standard_normal((d_k, d_v))
+        key = _unit(rng, d_k) * rng.uniform(0.4, 2.5)
+        value = rng.standard_normal(d_v)
+        beta = rng.uniform(0.1, 1.5, d_v) if per_column else float(rng.uniform(0.1, 1.5))
+        if big:
+            beta = beta * 30.0                            # an explicit step would overshoot
+        want = df.implicit_regression_step(S, key, value, beta=beta)
+        out.append(Case(f"a {d_k}x{d_v} state, |key| = {np.linalg.norm(key):.3f}, "
+                        + ("beta per column" if per_column else "one beta") + (", large steps" if big else ""),
+                        (S, key, value, beta), expected=want, what="the new state"))
+    return out
+
+
 def _interchunk(x, delta, a, B, C, Q, S0):
     from fixedstate.checks.family import _interchunk as steps_2_to_4      # the check's own reference
     return steps_2_to_4(x, delta, a, B, C, Q, S0)
