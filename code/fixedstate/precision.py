@@ -2,8 +2,8 @@
 
 Chapter {ref}`chap-shipped-layers`. A trained model stores its weights and activations
 in bfloat16 (8 significant bits: a rounding error of up to ``2^-8`` of the value); the fused kernels of
-the delta-rule family and of Mamba-2 read them, compute in float32, keep the recurrent
-state in float32, and compute the gates' log-decays in float32 (``transformers``'
+the delta-rule family and of Mamba-2 read them, compute in float32, carry the recurrent
+state from chunk to chunk in float32, and compute the gates' log-decays in float32 (``transformers``'
 ``-A_log.float().exp() * softplus(a.float() + dt_bias)``). numpy has no bfloat16; the
 ``ml_dtypes`` package gives one, and this module uses it only to round: every array
 here is float32 or float64, holding values that bfloat16 can represent where the text
