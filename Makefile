@@ -27,7 +27,7 @@ help:
 	@echo "make execute       re-execute every notebook in place from a clean kernel"
 	@echo "make bench         time the chunkwise delta rule against the recurrence and the GEMM limit, and chapter 9's training step against torch"
 	@echo "make reference-env a separate venv with torch and transformers, which make bench then compares with"
-	@echo "make test-reference the book's layers against transformers' (same weights in); leaves the tree as committed"
+	@echo "make test-reference the book's layers against transformers' (same weights in), and their init laws; leaves the tree as committed"
 	@echo "make update-reference rerun that comparison into results/ and re-execute the appendix page that shows it"
 	@echo "make bench-figures time one update of every interactive figure in live mode (median, 95th percentile)"
 	@echo "make student-book  build the student edition (no solutions) into _build/student/html"
@@ -236,9 +236,11 @@ $(REF_STAMP): Makefile
 # appendix/equivalence.ipynb shows. fixedstate is imported from code/ (no install).
 # The fresh table goes to _build/; the tracked one is checked, never rewritten, so the work tree
 # stays as committed and make test (whose nbval reads the tracked table) still passes after it.
+# compare_init.py then checks fl.init_*(scheme="transformers") against transformers' _init_weights.
 test-reference: $(REF_STAMP)
 	$(REF_VENV)/bin/python tools/reference/compare_layers.py --out _build/reference/reference_equivalence.json \
 	  --stored results/reference_equivalence.json
+	$(REF_VENV)/bin/python tools/reference/compare_init.py
 
 # The explicit step that rewrites the tracked table (only when every comparison passed) and re-executes
 # appendix/equivalence.ipynb, which shows it; commit both.

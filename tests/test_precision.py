@@ -94,3 +94,38 @@ def test_precision_refuses_bad_input_naming_it():
         pr.gated_delta_rule_mixed(q, k, v[..., :4, :], beta=beta, log_gate=log_gate)
     with pytest.raises(ValueError, match="params"):
         pr.round_params([1.0])
+
+
+@given(seed=st.integers(0, 2 ** 16), T=st.integers(1, 70), chunk=st.integers(1, 20))
+@examples(15)
+def test_bfloat16_chunk_states_read_leave_the_float32_carry_untouched(seed, T, chunk):
+    # flash-linear-attention's scheme: the carry in float32, the per-chunk states the output reads in bfloat16
+    q, k, v, beta, log_gate = inputs(seed, T, 0.05)
+    args = dict(beta=beta, log_gate=log_gate, scale=0.5, form="chunkwise", chunk_size=chunk)
+    o32, S32 = pr.gated_delta_rule_mixed(q, k, v, **args)
+    o_rd, S_rd = pr.gated_delta_rule_mixed(q, k, v, **args, read_dtype=pr.BFLOAT16)
+    assert np.array_equal(S_rd, S32)                                     # the carry never sees the rounding
+    assert np.array_equal(o_rd[..., :chunk, :], o32[..., :chunk, :])     # the first chunk reads a zero state
+    # every later chunk reads a state off by at most one bfloat16 rounding: |q^T dS| <= 2^-8 |q| |S|_F
+    assert max_relative_error(o_rd, o32) < 2.0 ** -8 * 8
+
+
+def test_bfloat16_chunk_states_read_do_not_accumulate_over_the_sequence():
+    q, k, v, beta, log_gate = inputs(1, 1200, 1e-3)
+    qr, kr, vr, br = (pr.round_to(a).astype(np.float64) for a in (q, k, v, beta))
+    ref, _ = dr.gated_delta_rule_recurrent(qr, kr, vr, beta=br, log_gate=log_gate.astype(np.float32).astype(float),
+                                           scale=0.5)
+    args = dict(beta=beta, log_gate=log_gate, scale=0.5, form="chunkwise", chunk_size=16)
+    read = [max_relative_error(pr.gated_delta_rule_mixed(q[..., :T, :], k[..., :T, :], v[..., :T, :],
+                                                         **{**args, "beta": beta[..., :T], "log_gate": log_gate[..., :T]},
+                                                         read_dtype=pr.BFLOAT16)[0], ref[..., :T, :])
+            for T in (150, 1200)]
+    assert read[1] < 2 * read[0] and read[1] < 2.0 ** -8      # about one rounding at either length
+
+
+def test_read_dtype_only_with_the_chunkwise_form():
+    q, k, v, beta, log_gate = inputs(0, 5, 0.1)
+    with pytest.raises(ValueError, match="read_dtype"):
+        pr.gated_delta_rule_mixed(q, k, v, beta=beta, log_gate=log_gate, form="recurrent", read_dtype=pr.BFLOAT16)
+    with pytest.raises(ValueError, match="read_dtype"):
+        pr.gated_delta_rule_mixed(q, k, v, beta=beta, log_gate=log_gate, read_dtype="int8")

@@ -416,9 +416,12 @@ def init_mamba2(config, rng, *, dtype=np.float64, scheme="book") -> dict:
     ``scheme="transformers"`` (``Mamba2Mixer.init_mamba2_weights``): the same ``A`` and ``D``,
     ``dt_bias`` the inverse softplus of a step log-uniform in [1e-3, 0.1] floored at 1e-4;
     ``scheme="official"`` (``mamba_ssm``'s ``Mamba2``, ``A_init_range=(1, 16)``): ``A``
-    uniform in [1, 16] per head instead. In both the convolution is uniform in
-    ``[-K^{-1/2}, K^{-1/2}]`` with a zero bias, ``W_out`` uniform in ``[-d_inner^{-1/2},
-    d_inner^{-1/2}]``, ``W_in`` ``N(0, 0.1^2)``, ``norm_weight`` ones.
+    uniform in [1, 16] per head instead. "official" follows ``mamba_ssm`` in ``A_log`` and
+    ``dt_bias`` only; every other parameter is drawn in both schemes as ``transformers``
+    draws it: the convolution uniform in ``[-K^{-1/2}, K^{-1/2}]`` with a zero bias,
+    ``W_out`` uniform in ``[-d_inner^{-1/2}, d_inner^{-1/2}]``, ``W_in`` ``N(0, 0.1^2)``,
+    ``norm_weight`` ones. (``mamba_ssm`` leaves ``in_proj`` and the convolution, bias
+    included, at PyTorch's defaults.)
     """
     _check_config(config, Mamba2Config)
     rng = as_generator(rng)

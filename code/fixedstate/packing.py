@@ -16,16 +16,23 @@ This module gives both to the book's layers, built on public forms only:
   would reach into the previous sequence dropped;
 - :func:`varlen_mixer`: a fixed-state core of :data:`fixedstate.mixers.MIXERS` (linear
   attention, the delta rule, Gated DeltaNet, KDA) over a packed row, in its recurrent
-  form (one step a token, the state zeroed at each start) or its chunkwise form on a
-  grid of chunks laid over the packed row, as a kernel's tiles are: a chunk that holds
-  a boundary is cut there, the piece before it finishes one sequence and the piece
-  after it starts the next from a zero state. Each piece is one chunk of the core's
-  own chunkwise form (:mod:`fixedstate.kernels` and :mod:`fixedstate.delta_rule` are
-  used through their public forms, unchanged).
+  form (one step a token, the state zeroed at each start) or its chunkwise form on one
+  grid of chunks laid over the whole packed row, so that a boundary can fall inside a
+  chunk. The libraries differ here: flash-linear-attention's variable-length path
+  starts fresh chunks at every sequence's start (its chunk indices pair a sequence with
+  a chunk within it, and each sequence's last chunk is short), so no chunk holds a
+  boundary; ``mamba_ssm``'s ``seq_idx`` path keeps one grid over the row and masks, inside
+  a chunk, the terms that cross a boundary. This module does neither as a kernel
+  would: it cuts a chunk that holds a boundary there and runs each piece as a separate
+  call of the core's chunkwise form, the piece before the boundary finishing one
+  sequence and the piece after it starting the next from a zero state. That is
+  equivalent to the masked chunk, not a masked intra-chunk computation
+  (:mod:`fixedstate.kernels` and :mod:`fixedstate.delta_rule` are used through their
+  public forms, unchanged).
 
 The padding mask of the short convolution is :func:`fixedstate.blocks.short_conv`'s
-``mask``. ``tests/test_packing.py`` proves every packed form equal to running each
-sequence alone, to float64 precision.
+``mask``. ``tests/test_packing.py`` checks every packed form against running each
+sequence alone, to float64 precision, on drawn lengths, chunk sizes and cores.
 """
 
 from __future__ import annotations
@@ -152,10 +159,10 @@ def varlen_mixer(layer_id, q, k, v, gates, *, cu_seqlens, scale=1.0, form="chunk
 
     ``form="recurrent"`` runs the core's one-token step over the packed row, zeroing
     the state at every start. ``form="chunkwise"`` lays chunks of ``chunk_size`` tokens
-    over the packed row (``[0, C)``, ``[C, 2C)``, ...), as a kernel's tiles are, cuts a
-    chunk at each boundary inside it, and runs every piece as one chunk of the core's
-    chunkwise form, from the state the previous piece left, or from zeros where a
-    sequence starts.
+    over the whole packed row (``[0, C)``, ``[C, 2C)``, ...), one grid as ``mamba_ssm``'s
+    ``seq_idx`` path lays it, cuts a chunk at each boundary inside it, and runs every piece
+    as a separate call of the core's chunkwise form, from the state the previous piece
+    left, or from zeros where a sequence starts (equivalent to masking inside the chunk).
 
     Returns ``(outputs, final_states)``: ``outputs`` ``(..., T, d_v)``, ``final_states``
     ``(N, ..., d_k, d_v)``, the state each sequence ends with.

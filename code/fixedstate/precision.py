@@ -2,8 +2,8 @@
 
 Chapter {ref}`chap-shipped-layers`. A trained model stores its weights and activations
 in bfloat16 (8 significant bits: a rounding error of up to ``2^-8`` of the value); the fused kernels of
-the delta-rule family and of Mamba-2 read them, compute in float32, keep the recurrent
-state in float32, and compute the gates' log-decays in float32 (``transformers``'
+the delta-rule family and of Mamba-2 read them, compute in float32, carry the recurrent
+state from chunk to chunk in float32, and compute the gates' log-decays in float32 (``transformers``'
 ``-A_log.float().exp() * softplus(a.float() + dt_bias)``). numpy has no bfloat16; the
 ``ml_dtypes`` package gives one, and this module uses it only to round: every array
 here is float32 or float64, holding values that bfloat16 can represent where the text
@@ -15,7 +15,12 @@ says so.
 - :func:`gated_delta_rule_mixed` runs the gated delta rule (``eq-sl-gdn``'s core) with
   bfloat16 inputs, float32 arithmetic, and the state stored between steps (recurrent
   form) or between chunks (chunkwise form) in a type of the caller's choice: float32,
-  as the kernels keep it, or bfloat16, to show what accumulating in it does.
+  as the kernels carry it, or bfloat16, to show what accumulating in it does; and, in
+  the chunkwise form, the per-chunk states the output reads stored in another type
+  (``read_dtype``). flash-linear-attention's chunkwise forward carries the state from
+  chunk to chunk in float32 but stores the per-chunk states its output pass reads in
+  the input dtype (bfloat16), and only the final state in float32: that scheme is
+  ``state_dtype=float32, read_dtype=BFLOAT16``.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ def round_params(params, dtype=BFLOAT16) -> dict:
 
 
 def gated_delta_rule_mixed(q, k, v, *, beta, log_gate, scale=1.0, form="chunkwise", chunk_size=64,
-                           io_dtype=BFLOAT16, state_dtype=np.float32):
+                           io_dtype=BFLOAT16, state_dtype=np.float32, read_dtype=None):
     """The gated delta rule as a fused kernel runs it (``eq-sl-gdn``'s state line): storage in ``io_dtype``, float32 arithmetic.
 
     ``q``, ``k`` ``(..., T, d_k)``, ``v`` ``(..., T, d_v)``, ``beta``, ``log_gate``
@@ -84,6 +89,10 @@ def gated_delta_rule_mixed(q, k, v, *, beta, log_gate, scale=1.0, form="chunkwis
     float32. The state is rounded to ``state_dtype`` after every token
     (``form="recurrent"``, the one-token step) or after every chunk of ``chunk_size``
     tokens (``form="chunkwise"``, each chunk the chunkwise form from the stored state).
+    ``read_dtype`` (chunkwise form only; ``None``: no rounding beyond ``state_dtype``)
+    rounds the state each chunk's *output* reads, while the state carried to the next
+    chunk is the unrounded one: the carry in float32 and the stored per-chunk states in
+    bfloat16, as flash-linear-attention's chunkwise forward keeps them.
 
     Returns ``(outputs, final_state)`` in float32, the outputs before any rounding of
     their own, so that what is measured is the arithmetic and the state's storage.
@@ -93,6 +102,10 @@ def gated_delta_rule_mixed(q, k, v, *, beta, log_gate, scale=1.0, form="chunkwis
     if form not in ("recurrent", "chunkwise"):
         raise ValueError(f"form: expected 'recurrent' or 'chunkwise', got {form!r}")
     chunk_size = check_positive_int(chunk_size, "chunk_size")
+    rd = None if read_dtype is None else _storage(read_dtype, "read_dtype")
+    if rd is not None and form != "chunkwise":
+        raise ValueError(f"read_dtype: expected None with form={form!r} (it rounds the per-chunk states the "
+                         f"chunkwise form's output reads), got {read_dtype!r}")
     q, k, v, beta = (round_to(a, io).astype(np.float32) for a in (q, k, v, beta))
     log_gate = as_float_array(log_gate, "log_gate").astype(np.float32)
     T = q.shape[-2] if q.ndim >= 2 else 0
@@ -110,9 +123,12 @@ def gated_delta_rule_mixed(q, k, v, *, beta, log_gate, scale=1.0, form="chunkwis
     else:
         for s in range(0, T, chunk_size):
             e = min(s + chunk_size, T)
-            o, state = dr.gated_delta_rule_chunkwise(q[..., s:e, :], k[..., s:e, :], v[..., s:e, :],
-                                                     beta=beta[..., s:e], log_gate=log_gate[..., s:e], scale=scale,
-                                                     initial_state=state, chunk_size=e - s)
-            state = state.astype(st).astype(np.float32)
+            piece = dict(beta=beta[..., s:e], log_gate=log_gate[..., s:e], scale=scale, chunk_size=e - s)
+            qkv = (q[..., s:e, :], k[..., s:e, :], v[..., s:e, :])
+            o, new_state = dr.gated_delta_rule_chunkwise(*qkv, initial_state=state, **piece)
+            if rd is not None and state is not None:          # the output reads the stored, rounded state
+                o, _ = dr.gated_delta_rule_chunkwise(*qkv, initial_state=state.astype(rd).astype(np.float32),
+                                                     **piece)
+            state = new_state.astype(st).astype(np.float32)
             outputs.append(o)
     return np.concatenate(outputs, axis=-2), state

@@ -18,7 +18,8 @@ them):
   library's entries and the book's must not reject at the 1e-3 level, and the two standard
   deviations must agree within 15%.
 
-Exits 1 on any failure. Not part of ``make test`` (it needs torch).
+Exits 1 on any failure. ``make test-reference`` runs it after ``compare_layers.py``; it is not
+part of ``make test`` (it needs torch).
 """
 
 from __future__ import annotations

@@ -254,7 +254,13 @@ def _rollback_cases():
 
 
 def check_draft_rollback(draft_rollback) -> CheckResult:
-    """Check ``draft_rollback(params, cache, x_draft, accepted) -> (y_draft, cache_after_accepted)``."""
+    """Check ``draft_rollback(params, cache, x_draft, accepted) -> (y_draft, cache_after_accepted)``.
+
+    Both of the chapter's strategies pass (snapshots, or the cache before the draft and
+    the accepted tokens run again): the check compares results, not how often the
+    layer's step ran, which the hidden grader, seeing only the returned data, could not
+    check either.
+    """
 
     def body():
         for p, cache, x, j, what in _rollback_cases():
