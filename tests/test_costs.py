@@ -318,6 +318,8 @@ def test_chunkwise_profile_of_a_small_case_counted_by_hand():
     p = costs.chunkwise_profile(4, 2, 3, chunk_size=4)
     assert p["matmul_flops"] == costs.delta_rule_chunkwise_flops(4, 2, 3, chunk_size=4)
     assert p["elementwise_flops"] == 168 and p["bytes"] == 144
+    assert p["exponentials"] == 4 + 16                        # the decays of 4 tokens, the 4 x 4 mask
+    assert p["chunk_state_bytes"] == 2 * 3 * 4                # one float32 state for the one chunk
     total = p["matmul_flops"] + 168
     assert p["matmul_fraction"] == p["matmul_flops"] / total and p["intensity"] == total / 144
 
@@ -327,8 +329,11 @@ def test_chunkwise_profile_of_a_small_case_counted_by_hand():
 def test_chunkwise_profile_scales_as_stated(T, d, chunk, batch):
     one = costs.chunkwise_profile(T, d, d, chunk_size=chunk)
     many = costs.chunkwise_profile(T, d, d, chunk_size=chunk, batch=batch)
-    for key in ("matmul_flops", "elementwise_flops", "bytes"):
+    for key in ("matmul_flops", "elementwise_flops", "bytes", "exponentials", "chunk_state_bytes"):
         assert many[key] == batch * one[key]
+    assert 0 < one["exponentials"] < one["elementwise_flops"]   # a part of the elementwise work
+    n_chunks = -(-T // chunk)
+    assert one["chunk_state_bytes"] == n_chunks * d * d * 4       # d_k d_v float32 numbers per chunk boundary
     assert 0.0 < one["matmul_fraction"] < 1.0
     assert many["matmul_fraction"] == pytest.approx(one["matmul_fraction"], rel=1e-12)
     wider = costs.chunkwise_profile(T, 2 * d, 2 * d, chunk_size=chunk)

@@ -539,6 +539,21 @@ def test_the_implicit_step_is_the_proximal_minimiser(d_k, d_v, seed, per_column,
     assert rel_err(S, explicit) <= 1e-13
 
 
+@SETTINGS
+@given(d_k=st.integers(1, 6), d_v=st.integers(1, 4), seed=st.integers(0, 10_000), scalar=st.booleans())
+def test_the_implicit_step_equals_a_direct_solve_column_by_column(d_k, d_v, seed, scalar):
+    """Each column solves (I + beta_j k k^T) s_j = s0_j + beta_j v_j k, by numpy's dense solver, not Sherman-Morrison."""
+    rng = np.random.default_rng(seed)
+    S0 = rng.standard_normal((d_k, d_v))
+    k, v = rng.standard_normal(d_k) * rng.uniform(0.2, 3.0), rng.standard_normal(d_v)
+    beta = rng.uniform(0.0, 10.0, () if scalar else (d_v,))
+    S = df.implicit_regression_step(S0, k, v, beta=beta)
+    bcol = np.broadcast_to(beta, (d_v,))
+    solved = np.stack([np.linalg.solve(np.eye(d_k) + bcol[j] * np.outer(k, k), S0[:, j] + bcol[j] * v[j] * k)
+                       for j in range(d_v)], axis=1)
+    assert rel_err(S, solved) <= 1e-12
+
+
 def test_the_implicit_step_never_overshoots_where_the_explicit_one_does():
     """For a huge step the explicit step diverges from the target, the implicit one lands on it."""
     rng = np.random.default_rng(3)

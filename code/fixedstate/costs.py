@@ -385,7 +385,14 @@ def chunkwise_profile(seq_len, d_k, d_v, *, chunk_size=64, bytes_per_element=2, 
     bfloat16), and reading and writing the state once at ``state_bytes_per_element`` (4,
     float32), the state staying on chip from chunk to chunk as the fused kernels keep it.
 
-    Returns a dict with those three counts (times ``batch``), ``"matmul_fraction"``
+    Two parts are also given on their own, because hardware runs them at other rates:
+    ``"exponentials"``, the exponentials among the elementwise FLOPs (``C`` for the
+    cumulative decays and ``C^2`` for the mask, per chunk), and ``"chunk_state_bytes"``,
+    what writing the state at every chunk boundary once at ``state_bytes_per_element``
+    adds to ``"bytes"`` (``d_k d_v`` numbers per chunk), as kernels that store the
+    per-chunk states for a later stage do; it is not included in ``"bytes"``.
+
+    Returns a dict with those counts (times ``batch``), ``"matmul_fraction"``
     (matrix products over all FLOPs) and ``"intensity"`` (all FLOPs per byte).
     """
     t = _count(seq_len, "seq_len", minimum=1)
@@ -404,9 +411,12 @@ def chunkwise_profile(seq_len, d_k, d_v, *, chunk_size=64, bytes_per_element=2, 
     matmul = delta_rule_chunkwise_flops(t, d_k, d_v, chunk_size=chunk, layer=GATED_DELTA, batch=batch)
     elementwise = batch * n * (2 * c + 5 * c * c + 4 * c * d_k + 3 * c * d_v + 2 * d_k * d_v)
     moved = batch * (t * (2 * d_k + d_v + 2) * b_in + t * d_v * b_in + 2 * d_k * d_v * b_state)
+    exponentials = batch * n * (c + c * c)
+    chunk_states = batch * n * d_k * d_v * b_state
     total = matmul + elementwise
     return {"matmul_flops": matmul, "elementwise_flops": elementwise, "bytes": moved,
-            "matmul_fraction": matmul / total, "intensity": total / moved}
+            "matmul_fraction": matmul / total, "intensity": total / moved,
+            "exponentials": exponentials, "chunk_state_bytes": chunk_states}
 
 
 # ---------------------------------------------------------------------------- state-space models (chapter 4's table)
