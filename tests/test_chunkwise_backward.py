@@ -13,11 +13,13 @@ Properties, in float64:
 - the one-chunk reference ``gated_delta_rule_chunk_backward`` is the token backward on
   one chunk, and run from the last chunk to the first (each given the state the forward
   gave it) it is the whole sequence's backward;
-- the result does not depend on the chunk size, and decays that underflow to 0 (a
-  log-decay of -200) give finite gradients equal to the token backward's;
-- float32 in gives float32 out, close to the float64 gradients;
-- the mixer table's backward entries are these chunkwise passes (the token backward's
-  numbers);
+- the result does not depend on the chunk size, and tiny decays give finite gradients equal
+  to the token backward's: a log-decay of -200 (e^-200 is about 1e-87, whose products over
+  four or more such tokens underflow to 0 in a chunk of 64) and of -800 (e^-800 is 0 itself);
+- float32 in gives float32 out, within 1e-5 of the float64 gradients (Gated DeltaNet and
+  gated linear attention);
+- the mixer table's backward entries are these chunkwise passes: with the token-by-token
+  backward passes made to raise, they still run and give the token backward's numbers;
 - bad input raises ValueError naming the argument.
 """
 
@@ -34,6 +36,7 @@ from fixedstate import mixers
 from fixedstate import ssm
 
 TOL = 1e-12           # chunkwise against token backward, float64, relative to the largest entry
+F32_TOL = 1e-5        # float32 chunkwise against float64 token backward (float32's epsilon is 1.2e-7)
 LEADS = st.sampled_from([(), (2,), (2, 3)])
 
 
@@ -207,11 +210,12 @@ def test_one_chunk_reference_chunk_after_chunk_is_the_whole_backward():
     assert_same(fast, got)
 
 
-def test_underflowing_decays_give_the_token_backward():
+@pytest.mark.parametrize("tiny", [-200.0, -800.0])          # e^-200 ~ 1e-87 (products underflow); e^-800 = 0
+def test_underflowing_decays_give_the_token_backward(tiny):
     rng = np.random.default_rng(5)
     T, d_k, d_v = 50, 4, 3
     x = delta_inputs(rng, (2,), T, d_k, d_v)
-    x["log_gate"][:, ::7] = -200.0                            # e^-200: the state is all but erased there
+    x["log_gate"][:, ::7] = tiny                              # the state is (all but) erased there
     d_out = rng.standard_normal((2, T, d_v))
     want = dr.gated_delta_rule_backward(**x, d_out=d_out)
     for chunk in (4, 16, 64):
@@ -233,29 +237,60 @@ def test_float32_in_float32_out():
                                                  d_out=d_out.astype(np.float32), chunk_size=16)
     for g, w in zip(got, want):
         assert g.dtype == np.float32
-        assert rel(g, w) <= 1e-4
+        assert rel(g, w) <= F32_TOL
+    la_want = la.linear_attention_backward(x["q"], x["k"], x["v"], d_out, log_gate=x["log_gate"])
     la_got = la.linear_attention_chunkwise_backward(x["q"].astype(np.float32), x["k"].astype(np.float32),
                                                     x["v"].astype(np.float32), d_out.astype(np.float32),
                                                     log_gate=x["log_gate"].astype(np.float32))
-    assert all(g.dtype == np.float32 for g in la_got)
+    for g, w in zip(la_got, la_want):
+        assert g.dtype == np.float32
+        assert rel(g, w) <= F32_TOL
 
 
-def test_mixer_backward_entries_are_the_chunkwise_passes():
+def test_mixer_backward_entries_are_the_chunkwise_passes(monkeypatch):
     rng = np.random.default_rng(11)
     x = delta_inputs(rng, (2,), 37, 8, 8)
     q, k, v, d_out = x["q"], x["k"], x["v"], rng.standard_normal((2, 37, 8))
     gates = {"beta": x["beta"], "log_gate": x["log_gate"]}
-    dq, dk, dv, dg = mixers.MIXERS["gated_delta"].backward(q, k, v, gates, d_out, scale=1.0)
-    want = dr.gated_delta_rule_backward(q, k, v, d_out, beta=x["beta"], log_gate=x["log_gate"])
-    assert_same([dq, dk, dv, dg["beta"], dg["log_gate"]], want[:5])
-    dq, dk, dv, dg = mixers.MIXERS["delta"].backward(q, k, v, gates, d_out, scale=1.0, chunk_size=5)
-    assert_same([dq, dk, dv, dg["beta"]], dr.delta_rule_backward(q, k, v, d_out, beta=x["beta"])[:4])
-    dq, dk, dv, _ = mixers.MIXERS["linear"].backward(q, k, v, {}, d_out, scale=1.0)
-    assert_same([dq, dk, dv], la.linear_attention_backward(q, k, v, d_out)[:3])
     ssd_gates = {"delta": rng.uniform(0.1, 1.0, (2, 37)), "a": -0.5}
-    dq, dk, dv, dg = mixers.MIXERS["ssd"].backward(q, k, v, ssd_gates, d_out, scale=1.0)
+    # the token backward's numbers, computed before the token passes are made to raise
+    want_gated = dr.gated_delta_rule_backward(q, k, v, d_out, beta=x["beta"], log_gate=x["log_gate"])[:5]
+    want_delta = dr.delta_rule_backward(q, k, v, d_out, beta=x["beta"])[:4]
+    want_linear = la.linear_attention_backward(q, k, v, d_out)[:3]
     dx, ddelta, da, dB, dC, _, _ = ssm.ssd_backward(v, ssd_gates["delta"], -0.5, k, q, d_out)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a mixer's backward called a token-by-token backward pass")
+    for module, name in ((dr, "gated_delta_rule_backward"), (dr, "delta_rule_backward"),
+                         (la, "linear_attention_backward"), (ssm, "ssd_backward")):
+        monkeypatch.setattr(module, name, refuse)             # the table must not reach the token passes ...
+    called = []
+
+    def spy(module, name):                                     # ... and must reach the chunkwise ones
+        real = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            called.append(name)
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, name, wrapper)
+    for module, name in ((dr, "gated_delta_rule_chunkwise_backward"), (dr, "delta_rule_chunkwise_backward"),
+                         (la, "linear_attention_chunkwise_backward"), (ssm, "ssd_chunkwise_backward")):
+        spy(module, name)
+    dq, dk, dv, dg = mixers.MIXERS["gated_delta"].backward(q, k, v, gates, d_out, scale=1.0)
+    assert_same([dq, dk, dv, dg["beta"], dg["log_gate"]], want_gated)
+    assert called[:1] == ["gated_delta_rule_chunkwise_backward"]
+    called.clear()
+    dq, dk, dv, dg = mixers.MIXERS["delta"].backward(q, k, v, gates, d_out, scale=1.0, chunk_size=5)
+    assert_same([dq, dk, dv, dg["beta"]], want_delta)
+    assert called[:1] == ["delta_rule_chunkwise_backward"]
+    called.clear()
+    dq, dk, dv, _ = mixers.MIXERS["linear"].backward(q, k, v, {}, d_out, scale=1.0)
+    assert_same([dq, dk, dv], want_linear)
+    assert called[:1] == ["linear_attention_chunkwise_backward"]
+    called.clear()
+    dq, dk, dv, dg = mixers.MIXERS["ssd"].backward(q, k, v, ssd_gates, d_out, scale=1.0)
     assert_same([dq, dk, dv, dg["delta"], dg["a"]], [dC, dB, dx, ddelta, da])
+    assert called[:1] == ["ssd_chunkwise_backward"]               # the first call: the mixer's own
 
 
 def test_bad_input_names_the_argument():

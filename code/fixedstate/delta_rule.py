@@ -559,14 +559,18 @@ def kda_backward(q, k, v, d_out, *, beta, log_gate, scale=1.0, initial_state=Non
 
 # --------------------------------------------------------------------------- the chunkwise backward (chapter 9)
 #
-# The backward of the chunkwise form, chunk by chunk (eq-bw-chunk-forward, eq-bw-chunk-ut, eq-bw-chunk-state):
-# gated_delta_rule_chunk_backward is one chunk written plainly; _chunks_backward is the same for all chunks
-# of a batch, with the chunk states recomputed forwards and the state's gradient carried backwards over the
-# chunks as the only sequential parts.
+# The backward of the chunkwise form, chunk by chunk (eq-bw-chunk-forward, eq-bw-chunk-ut, eq-bw-chunk-state,
+# eq-bw-chunk-grads, eq-bw-chunk-gates): gated_delta_rule_chunk_backward is one chunk written plainly, with
+# two triangular solves and no inverse; _chunks_backward is the same for all chunks of a batch. It stores
+# nothing from the forward: it runs the forward over the chunks again (each chunk's S_0, U, W), then carries
+# the state's gradient backwards over the chunks; these two loops are the only sequential parts. It forms
+# (I + A)^{-1} once per chunk and reuses it for U~, W and dR. No state inside a chunk is formed, forwards or
+# backwards: the states kept are one (d_k, d_v) matrix per chunk (S_0 and dS_C); U, dU and the (C, C) blocks
+# are per token.
 
 def gated_delta_rule_chunk_backward(q, k, v, d_out, *, beta, log_gate, scale=1.0, initial_state=None,
                                     d_final_state=None):
-    """The backward of one chunk of the chunkwise form: ``eq-bw-chunk-ut``, ``eq-bw-chunk-state``.
+    """The backward of one chunk of the chunkwise form: ``eq-bw-chunk-ut`` to ``eq-bw-chunk-gates``.
 
     The gradients of :func:`gated_delta_rule_chunk` for one chunk of ``C`` tokens (``q, k``
     (C, d_k), ``v``, ``d_out`` (C, d_v), ``beta``, ``log_gate`` (C,), no leading axes), given
@@ -732,15 +736,17 @@ def _chunkwise_backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_
 
 def gated_delta_rule_chunkwise_backward(q, k, v, d_out, *, beta, log_gate, scale=1.0, initial_state=None,
                                         d_final_state=None, chunk_size=64):
-    """The gradients of Gated DeltaNet in chunkwise form: ``eq-bw-chunk-ut``, ``eq-bw-chunk-state``.
+    """The gradients of Gated DeltaNet in chunkwise form: ``eq-bw-chunk-ut`` to ``eq-bw-chunk-gates``.
 
     The same six gradients as :func:`gated_delta_rule_backward` (same arguments, shapes and
     results), computed chunk by chunk as :func:`gated_delta_rule_chunk_backward` does for one
     chunk: the chunk states are recomputed forwards over the chunks (one ``(d_k, d_v)`` state
-    per chunk), the state's gradient is carried backwards over the chunks through the WY form
-    of each chunk's erase factors, and everything else is a product of ``(C, C)`` and ``(C, d)``
-    blocks for all chunks at once. ``chunk_size`` (an integer >= 1; the length need not be a
-    multiple of it) changes the order of the sums, not the result. One BLAS thread.
+    per chunk; none inside a chunk), the state's gradient is carried backwards over the chunks
+    through the WY form of each chunk's erase factors, and everything else is a product of
+    ``(C, C)`` and ``(C, d)`` blocks for all chunks at once; ``(I + A)^{-1}`` is formed once per
+    chunk and reused for the forward's ``U~``, ``W`` and the backward's ``dR``.
+    ``chunk_size`` (an integer >= 1; the length need not be a multiple of it) changes the
+    order of the sums, not the result. One BLAS thread.
     """
     return _chunkwise_backward(q, k, v, d_out, beta, log_gate, scale, initial_state, d_final_state, "scalar",
                                chunk_size)

@@ -679,7 +679,8 @@ def delta_chunks(q, k, v, beta, log_gate, S, scale, chunk_size, channelwise, *, 
 # --------------------------------------------------------------------------- chunkwise backward passes
 #
 # The backward passes of the chunked forms (chapter 9, "How a chunkwise backward follows"). Both run the
-# same three passes: the chunk states again (forwards over the chunks, S_0 of every chunk), the state's
+# same three passes, and neither takes states stored by the forward: the chunk states again (forwards over
+# the chunks, S_0 of every chunk; no state inside a chunk is formed), the state's
 # gradient (backwards over the chunks, dS_C of every chunk: eq-bw-chunk-state), then every chunk's
 # gradients at once, as products of (C, C) and (C, d) blocks. The decays inside a chunk are products of
 # per-token decays <= 1 (chunk_decays), and the gradients of the log-decays are read off the gradients of

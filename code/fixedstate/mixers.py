@@ -57,8 +57,9 @@ from .layer_ids import DELTA, GATED_DELTA, KDA, LINEAR, SOFTMAX, SSD, SWA, check
 __all__ = ["Mixer", "MIXERS", "mixer", "BACKWARD_CHUNK"]
 
 #: The chunk of the chunkwise backward passes when the caller names none (the training model does not:
-#: the result does not depend on it, only the time; 32 was the fastest of 16, 32, 64 for the chapter's model
-#: at d = 128, T = 256, see benchmarks/training_step_bench.py).
+#: the result does not depend on it, only the time). 32 was the fastest of 16, 32, 64 for a whole training
+#: step at benchmarks/training_step_bench.py's default shape (d = 128, T = 256, batch 32), larger than any
+#: model chapter 9 trains (d <= 64, T <= 128); it was not re-timed at those smaller shapes.
 BACKWARD_CHUNK = 32
 
 
