@@ -1,4 +1,4 @@
-"""Run chapter 9's MQAR sweep and write results/mqar_sweep.json with its provenance (`make experiment`).
+"""Run chapter 9's MQAR sweep and write results/mqar_sweep.json with its provenance (`make experiment-small`).
 
     .venv/bin/python tools/mqar_experiment.py [--jobs 2] [--out results/mqar_sweep.json]
     .venv/bin/python tools/mqar_experiment.py --ssd-followup [--jobs 2]     # make experiment-ssd

@@ -595,7 +595,7 @@ def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64
 
 # ---------------------------------------------------------------------------- the experiment
 
-# The sweep of chapter 9 (``make experiment``). Every mixer gets the same budget:
+# The sweep of chapter 9 (``make experiment-small``). Every mixer gets the same budget:
 # the learning rate is chosen from ``lr_grid`` on one tuning configuration
 # (``tune_d_model``, ``tune_n_pairs``, seed ``tune_seed``, which is not a sweep seed),
 # by test accuracy there (ties: lower final training loss), and then used for
