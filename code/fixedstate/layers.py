@@ -270,11 +270,22 @@ def _init(config, rng, dtype, special):
         if name in special:
             params[name] = np.asarray(special[name](shape), dtype=dt)
         elif len(shape) == 2:
-            params[name] = (rng.standard_normal(shape) / math.sqrt(shape[0] if name != "conv_weight"
-                                                                    else shape[1])).astype(dt)
+            params[name] = _scaled(rng.standard_normal(shape), dt, over=math.sqrt(shape[0] if name != "conv_weight"
+                                                                                   else shape[1]))
         else:
-            params[name] = (0.1 * rng.standard_normal(shape)).astype(dt)
+            params[name] = _scaled(rng.standard_normal(shape), dt, times=0.1)
     return params
+
+
+def _scaled(draw, dt, *, times=None, over=None):
+    """``times * draw`` or ``draw / over`` as ``dt``, computed in place (the same numbers): a layer
+    at a shipped model's size draws hundreds of megabytes, and a second array of that size costs
+    more than the draw itself."""
+    if times is not None:
+        draw *= times
+    if over is not None:
+        draw /= over
+    return draw.astype(dt, copy=False)
 
 
 def _inverse_softplus_of_uniform_log(rng, shape, low=1e-3, high=0.1, floor=None):
@@ -320,7 +331,7 @@ def _reference_special(config, rng, scheme):
     ``1/sqrt(d_inner)``. Norm weights are ones.
     """
     c, std = config, INITIALIZER_RANGE[type(config).__name__]
-    normal = lambda s: std * rng.standard_normal(s)                          # noqa: E731
+    normal = lambda s: _scaled(rng.standard_normal(s), np.float64, times=std)  # noqa: E731
     special = {name: normal for name, shape in parameter_shapes(c).items() if name.startswith("W_")}
     special["norm_weight"] = np.ones
     if isinstance(c, GatedDeltaNetConfig):
@@ -338,7 +349,7 @@ def _reference_special(config, rng, scheme):
     else:
         special.update({"conv_weight": lambda s: rng.uniform(-1.0, 1.0, size=s) / math.sqrt(c.conv_kernel),
                         "conv_bias": np.zeros, "D": np.ones, "dt_bias": _dt_bias(rng),
-                        "W_out": lambda s: rng.uniform(-1.0, 1.0, size=s) / math.sqrt(s[0])})
+                        "W_out": lambda s: _scaled(rng.uniform(-1.0, 1.0, size=s), np.float64, over=math.sqrt(s[0]))})
         if isinstance(c, MambaConfig):        # S4D-real A = (1, ..., N) per channel; dt_proj ~ U(+-r^-1/2)
             special["A_log"] = lambda s: np.log(np.broadcast_to(np.arange(1, s[1] + 1, dtype=float), s))
             special["W_dt"] = lambda s: rng.uniform(-1.0, 1.0, size=s) / math.sqrt(c.dt_rank)
@@ -445,7 +456,7 @@ def initial_decay(params) -> np.ndarray:
     config = params.get("config") if isinstance(params, dict) else None
     if not isinstance(config, _CONFIGS):
         raise ValueError(f"params: expected a layer's params dict (from init_*), got {type(params).__name__}")
-    c, p = _check_layer_params(params, type(config))
+    c, p = _check_layer_params(params, type(config), names=("A_log", "dt_bias"))   # the two it reads
     A, delta = np.exp(p["A_log"]), blocks.softplus(p["dt_bias"])
     if isinstance(c, MambaConfig):
         return np.exp(-delta[:, None] * A)
@@ -454,8 +465,9 @@ def initial_decay(params) -> np.ndarray:
     return np.exp(-A * delta)
 
 
-def _check_layer_params(params, kind):
-    """The layer's configuration and its arrays, checked against the shapes the configuration gives."""
+def _check_layer_params(params, kind, names=None):
+    """The layer's configuration and its arrays (those in ``names``, default all), checked against
+    the shapes the configuration gives."""
     if not isinstance(params, dict):
         raise ValueError(f"params: expected a dict of arrays (from init_*), got {type(params).__name__}")
     config = params.get("config")
@@ -464,6 +476,8 @@ def _check_layer_params(params, kind):
                          f"init_*), got {type(config).__name__}")
     out = {}
     for name, shape in parameter_shapes(config).items():
+        if names is not None and name not in names:
+            continue
         if name not in params:
             raise ValueError(f"params: expected an entry {name!r} of shape {shape}, got keys {sorted(params)}")
         out[name] = as_float_array(params[name], f"params[{name!r}]", shape=shape)
