@@ -130,6 +130,12 @@ STATIC_PAGE = r"""
   });
   art.querySelectorAll('details').forEach(d => d.setAttribute('open', ''));
   art.querySelectorAll('.toggle-hidden').forEach(e => e.classList.remove('toggle-hidden'));
+  // A section's anchor moves onto its heading: a page break between the start of a section (a label's
+  // empty span, a margin) and its heading would leave links to it on the page before the heading.
+  art.querySelectorAll('section[id]').forEach(s => {
+    const h = s.querySelector(':scope > h1, :scope > h2, :scope > h3, :scope > h4, :scope > h5, :scope > h6');
+    if (h && !h.id) { h.id = s.id; s.removeAttribute('id'); }
+  });
   // Ids get the page's prefix; links between pages become links inside the document.
   art.querySelectorAll('[id]').forEach(e => { e.id = slug + '--' + e.id; });
   for (const a of Array.from(art.querySelectorAll('a[href]'))) {
@@ -255,8 +261,10 @@ def _toc_entries(pages: list[dict]) -> str:
             if tag == "section":
                 self.stack.append(dict(attrs).get("id"))
             elif tag in ("h1", "h2") and self.stack:
-                self.found.append([tag, self.stack[-1], ""])
-                self.grab = True
+                target = dict(attrs).get("id") or self.stack[-1]      # the section's anchor, on its heading
+                if target:
+                    self.found.append([tag, target, ""])
+                    self.grab = True
 
         def handle_endtag(self, tag):
             if tag == "section" and self.stack:
