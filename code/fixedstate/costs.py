@@ -279,6 +279,22 @@ def decode_crossover_length(r, d_k, d_v, *, normalize=False) -> int:
     return _first_true(cheaper, "decode_crossover_length")
 
 
+def _scalar(x, name):
+    """``x`` if it is a single integer; ``ValueError`` naming ``name`` for an array."""
+    if not isinstance(x, int):
+        raise ValueError(f"{name}: expected a single integer, got an array")
+    return x
+
+
+def _chunk_sizes(seq_len, d_k, d_v, chunk_size, batch, *, seq_minimum=0):
+    """The sizes a chunkwise count takes, each checked and a single integer (the counters of the
+    chunkwise forms share them)."""
+    sizes = (_count(seq_len, "seq_len", minimum=seq_minimum), _count(d_k, "d_k", minimum=1),
+             _count(d_v, "d_v", minimum=1), _count(chunk_size, "chunk_size", minimum=1),
+             _count(batch, "batch", minimum=1))
+    return tuple(_scalar(x, name) for x, name in zip(sizes, ("seq_len", "d_k", "d_v", "chunk_size", "batch")))
+
+
 def delta_rule_chunkwise_flops(seq_len, d_k, d_v, *, chunk_size=64, layer=GATED_DELTA, batch=1) -> int:
     """FLOPs of the matrix products of the package's chunkwise delta-rule forms (``eq-dr-ut``,
     ``eq-dr-chunk-out``, ``eq-dr-chunk-state``), product by product as
@@ -303,14 +319,7 @@ def delta_rule_chunkwise_flops(seq_len, d_k, d_v, *, chunk_size=64, layer=GATED_
     the products the forms actually call); the elementwise work (decays, masks) is not.
     ``batch`` multiplies the count (sequences or heads). Scalars only.
     """
-    t = _count(seq_len, "seq_len")
-    d_k = _count(d_k, "d_k", minimum=1)
-    d_v = _count(d_v, "d_v", minimum=1)
-    chunk = _count(chunk_size, "chunk_size", minimum=1)
-    batch = _count(batch, "batch", minimum=1)
-    for name, x in (("seq_len", t), ("d_k", d_k), ("d_v", d_v), ("chunk_size", chunk), ("batch", batch)):
-        if not isinstance(x, int):
-            raise ValueError(f"{name}: expected a single integer, got an array")
+    t, d_k, d_v, chunk, batch = _chunk_sizes(seq_len, d_k, d_v, chunk_size, batch)
     check_layer_id(layer, (DELTA, GATED_DELTA, KDA), "layer")
     c = 1 << (chunk - 1).bit_length()
     n_chunks = max(1, -(-t // chunk))
@@ -345,14 +354,7 @@ def dplr_chunkwise_flops(seq_len, d_k, d_v, *, chunk_size=64, tied=False, batch=
     ``batch``. Only matrix products are counted (a test records the products the forms
     call); the elementwise decays are not.
     """
-    t = _count(seq_len, "seq_len")
-    d_k = _count(d_k, "d_k", minimum=1)
-    d_v = _count(d_v, "d_v", minimum=1)
-    chunk = _count(chunk_size, "chunk_size", minimum=1)
-    batch = _count(batch, "batch", minimum=1)
-    for name, x in (("seq_len", t), ("d_k", d_k), ("d_v", d_v), ("chunk_size", chunk), ("batch", batch)):
-        if not isinstance(x, int):
-            raise ValueError(f"{name}: expected a single integer, got an array")
+    t, d_k, d_v, chunk, batch = _chunk_sizes(seq_len, d_k, d_v, chunk_size, batch)
     if not isinstance(tied, (bool, np.bool_)):
         raise ValueError(f"tied: expected True (KDA's tied vectors) or False (RWKV-7's general form), got {tied!r}")
     c = 1 << (chunk - 1).bit_length()
@@ -395,17 +397,10 @@ def chunkwise_profile(seq_len, d_k, d_v, *, chunk_size=64, bytes_per_element=2, 
     Returns a dict with those counts (times ``batch``), ``"matmul_fraction"``
     (matrix products over all FLOPs) and ``"intensity"`` (all FLOPs per byte).
     """
-    t = _count(seq_len, "seq_len", minimum=1)
-    d_k = _count(d_k, "d_k", minimum=1)
-    d_v = _count(d_v, "d_v", minimum=1)
-    chunk = _count(chunk_size, "chunk_size", minimum=1)
-    batch = _count(batch, "batch", minimum=1)
-    b_in = _count(bytes_per_element, "bytes_per_element", minimum=1)
-    b_state = _count(state_bytes_per_element, "state_bytes_per_element", minimum=1)
-    for name, x in (("seq_len", t), ("d_k", d_k), ("d_v", d_v), ("chunk_size", chunk), ("batch", batch),
-                    ("bytes_per_element", b_in), ("state_bytes_per_element", b_state)):
-        if not isinstance(x, int):
-            raise ValueError(f"{name}: expected a single integer, got an array")
+    t, d_k, d_v, chunk, batch = _chunk_sizes(seq_len, d_k, d_v, chunk_size, batch, seq_minimum=1)
+    b_in = _scalar(_count(bytes_per_element, "bytes_per_element", minimum=1), "bytes_per_element")
+    b_state = _scalar(_count(state_bytes_per_element, "state_bytes_per_element", minimum=1),
+                      "state_bytes_per_element")
     c = 1 << (chunk - 1).bit_length()
     n = max(1, -(-t // chunk))
     matmul = delta_rule_chunkwise_flops(t, d_k, d_v, chunk_size=chunk, layer=GATED_DELTA, batch=batch)
