@@ -317,10 +317,17 @@ def mlp(x, W_1, W_2):
     w2 = as_float_array(W_2, "W_2", ndim=2, allow_nonfinite=True)
     check_dim(w1, "W_1", 0, x.shape[-1], "d, the last axis of x")
     check_dim(w2, "W_2", 0, w1.shape[1], "d_ff, the second axis of W_1")
+    return _mlp(x, w1, w2)[0]
+
+
+def _mlp(x, w1, w2):
+    """:func:`mlp` on checked arrays: ``(out, u, h)`` with ``u = x W_1`` and ``h = silu(u)``, which
+    :func:`_mlp_backward` reuses (the residual block keeps them rather than recompute them)."""
     with np.errstate(invalid="ignore"):  # NaN from a non-finite input: reported below, by name
         u = x @ w1
-        out = (u * expit(u)) @ w2
-    return _finite_result(out, ("x", x), ("W_1", w1), ("W_2", w2))
+        h = u * expit(u)
+        out = h @ w2
+    return _finite_result(out, ("x", x), ("W_1", w1), ("W_2", w2)), u, h
 
 
 def mlp_backward(x, W_1, W_2, d_out):
@@ -340,6 +347,11 @@ def mlp_backward(x, W_1, W_2, d_out):
     """
     u = linear(x, W_1)
     h = silu(u)
+    return _mlp_backward(x, u, h, W_1, W_2, d_out)
+
+
+def _mlp_backward(x, u, h, W_1, W_2, d_out):
+    """:func:`mlp_backward` given the forward's ``u = x W_1`` and ``h = silu(u)``."""
     dh, dW_2, _ = linear_backward(h, W_2, d_out)
     dx, dW_1, _ = linear_backward(x, W_1, silu_backward(u, dh))
     return dx, dW_1, dW_2
@@ -532,6 +544,14 @@ def _conv_args(x, weight, initial_state, bias, *, token: bool):
     return x, w, state, b
 
 
+def _taps(w, padded, T):
+    """``sum_j w[:, j] * padded[..., j:j+T, :]``, accumulated in place in the order j = 0, 1, ..., K-1."""
+    y = w[:, 0] * padded[..., 0:T, :]
+    for j in range(1, w.shape[1]):
+        y += w[:, j] * padded[..., j:j + T, :]
+    return y
+
+
 def short_conv(x, weight, *, initial_state=None, bias=None, mask=None):
     """Depthwise causal convolution over the last ``K`` tokens, one filter per channel.
 
@@ -575,7 +595,7 @@ def short_conv(x, weight, *, initial_state=None, bias=None, mask=None):
                              f"got shape {np.shape(mask)}") from None
         x = np.where(keep, x, 0.0).astype(x.dtype, copy=False)
     padded = np.concatenate([state, x], axis=-2)  # (..., K-1+T, d)
-    y = sum(w[:, j] * padded[..., j:j + T, :] for j in range(K))
+    y = _taps(w, padded, T)
     if b is not None:
         y = y + b
     if keep is not None:
@@ -605,16 +625,16 @@ def short_conv_backward(x, weight, d_y, *, initial_state=None, bias=None, d_fina
     is None), d_initial_state with the shape of ``initial_state`` (when it is None: the
     leading axes of ``x``, ``(..., K-1, d)``)
     """
-    y, conv_state = short_conv(x, weight, initial_state=initial_state, bias=bias)
     x_shape = np.shape(x)
     state_shape = None if initial_state is None else np.shape(initial_state)
     x, w, state, _ = _conv_args(x, weight, initial_state, bias, token=False)
     K, T = w.shape[1], x.shape[-2]
-    g = _grad(d_y, "d_y", y.shape)
+    # d_y and d_final_state have the shapes of the forward's output and cache (the forward need not run)
+    g = _grad(d_y, "d_y", x.shape)
     padded = np.concatenate([state, x], axis=-2)
     d_padded = np.zeros(padded.shape, dtype=np.result_type(padded, g))
     if d_final_state is not None:
-        d_padded[..., T:, :] += _grad(d_final_state, "d_final_state", conv_state.shape)
+        d_padded[..., T:, :] += _grad(d_final_state, "d_final_state", state.shape)
     dweight = np.empty(w.shape, dtype=d_padded.dtype)
     for j in range(K):
         d_padded[..., j:j + T, :] += w[:, j] * g
@@ -686,7 +706,12 @@ def residual_block(x, mixer, W_1=None, W_2=None, *, norm_mixer=None, norm_mlp=No
     if W_1 is None:
         return x_mid, saved
     saved["h"] = rms_norm(x_mid, norm_mlp, eps=eps)
-    return x_mid + mlp(saved["h"], W_1, W_2), saved
+    w1 = as_float_array(W_1, "W_1", ndim=2, allow_nonfinite=True)
+    w2 = as_float_array(W_2, "W_2", ndim=2, allow_nonfinite=True)
+    check_dim(w1, "W_1", 0, x_mid.shape[-1], "d, the last axis of x")
+    check_dim(w2, "W_2", 0, w1.shape[1], "d_ff, the second axis of W_1")
+    out, saved["mlp_u"], saved["mlp_h"] = _mlp(saved["h"], w1, w2)    # mlp(h, W_1, W_2), its inner values kept
+    return x_mid + out, saved
 
 
 def residual_block_backward(saved, d_out, mixer_backward, W_1=None, W_2=None, *, norm_mixer=None,
@@ -705,7 +730,11 @@ def residual_block_backward(saved, d_out, mixer_backward, W_1=None, W_2=None, *,
     grads = {"W_1": None, "W_2": None, "norm_mlp": None}
     dx = d_out
     if W_1 is not None:
-        dh, grads["W_1"], grads["W_2"] = mlp_backward(saved["h"], W_1, W_2, dx)
+        if "mlp_u" in saved:                              # the forward's inner values, as residual_block keeps them
+            dh, grads["W_1"], grads["W_2"] = _mlp_backward(saved["h"], saved["mlp_u"], saved["mlp_h"], W_1, W_2,
+                                                           dx)
+        else:
+            dh, grads["W_1"], grads["W_2"] = mlp_backward(saved["h"], W_1, W_2, dx)
         dx_mid, grads["norm_mlp"] = rms_norm_backward(saved["x_mid"], dh, norm_mlp, eps=eps)
         dx = dx + dx_mid
     du = mixer_backward(saved["mixer"], dx)

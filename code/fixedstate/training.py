@@ -395,6 +395,7 @@ def _mixer_forward(layer_id, p, L, config, u, zero_core=False):
     q, k = s["q"], s["k"]
     if entry.normalize_qk:
         q, k = bl.l2_normalize(q), bl.l2_normalize(k)
+    s["q_core"], s["k_core"] = q, k                        # what the core read, for the backward
     scale = 1 / math.sqrt(q.shape[-1]) if layer_id in _SCALED else 1.0
     s["options"] = config.options(layer_id)
     s["o"], _ = entry.forward(q, k, s["v"], gates, scale=scale, chunk_size=config.chunk_size, **s["options"])
@@ -407,9 +408,7 @@ def _mixer_backward(layer_id, p, L, s, d_m, grads):
     """The gradient of :func:`_mixer_forward` with respect to ``u``; the layer's weight gradients go to ``grads``."""
     entry = mixers.mixer(layer_id)
     do, grads[L + "W_o"], _ = bl.linear_backward(s["o"], p[L + "W_o"], d_m)
-    q, k, v, gates = s["q"], s["k"], s["v"], s["gates"]
-    if entry.normalize_qk:
-        q, k = bl.l2_normalize(q), bl.l2_normalize(k)
+    q, k, v, gates = s["q_core"], s["k_core"], s["v"], s["gates"]
     scale = 1 / math.sqrt(q.shape[-1]) if layer_id in _SCALED else 1.0
     dq, dk, dv, d_gates = entry.backward(q, k, v, gates, do, scale=scale, **s["options"])
     if entry.normalize_qk:
