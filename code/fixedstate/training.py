@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import blocks as bl
+from . import kernels as kn
 from . import mixers
 from ._threads import one_blas_thread
 from ._validate import as_float_array, check_positive_int
@@ -377,12 +378,22 @@ def _mixer_forward(layer_id, p, L, config, u, zero_core=False):
     """One layer's token mixer on its normalised input ``u`` ``(B, T, d)``: projections, short
     convolutions, gates, the core (from the table :data:`fixedstate.mixers.MIXERS`), ``W_o``.
     With ``zero_core`` the core's output is replaced by zeros (the ablation of :func:`evaluate`).
-    Returns its output and what :func:`_mixer_backward` needs."""
+    Returns its output and what :func:`_mixer_backward` needs.
+
+    The parameters were checked by :func:`model_forward`; the projections, convolutions and
+    normalisations run the blocks' arithmetic (:mod:`fixedstate.kernels`, what
+    :func:`fixedstate.blocks.linear`, :func:`~fixedstate.blocks.short_conv` and
+    :func:`~fixedstate.blocks.l2_normalize` compute) without checking again, and keep what
+    the backward reuses."""
     entry = mixers.mixer(layer_id)
     s = {"u": u}
     for name in "qkv":
-        s["pre_" + name] = bl.linear(u, p[L + "W_" + name])
-        s[name], _ = bl.short_conv(s["pre_" + name], p[L + "conv_weight_" + name])
+        pre = u @ p[L + "W_" + name]                                    # bl.linear
+        w = p[L + "conv_weight_" + name]                                # bl.short_conv from a zero state:
+        s["padded_" + name] = np.concatenate(                           # K - 1 zeros, then the sequence
+            [np.zeros(pre.shape[:-2] + (w.shape[1] - 1, pre.shape[-1]), dtype=np.result_type(pre, w)), pre],
+            axis=-2)
+        s[name] = kn.conv_taps(w, s["padded_" + name], pre.shape[-2])
     gates, s["z"] = {}, {}
     for gate in entry.gates:
         if gate in _TOKEN_GATES:
@@ -393,26 +404,29 @@ def _mixer_forward(layer_id, p, L, config, u, zero_core=False):
             gates[gate] = -np.exp(p[L + _LAYER_GATES[gate]][0])
     s["gates"] = gates
     q, k = s["q"], s["k"]
-    if entry.normalize_qk:
-        q, k = bl.l2_normalize(q), bl.l2_normalize(k)
-    s["q_core"], s["k_core"] = q, k                        # what the core read, for the backward
+    if entry.normalize_qk:                                              # bl.l2_normalize, its r kept
+        (q, s["r_q"]), (k, s["r_k"]) = kn.l2_normalize_parts(q, _L2_EPS), kn.l2_normalize_parts(k, _L2_EPS)
+    s["q_core"], s["k_core"] = q, k                                     # what the core read, for the backward
     scale = 1 / math.sqrt(q.shape[-1]) if layer_id in _SCALED else 1.0
     s["options"] = config.options(layer_id)
     s["o"], _ = entry.forward(q, k, s["v"], gates, scale=scale, chunk_size=config.chunk_size, **s["options"])
     if zero_core:
         s["o"] = np.zeros_like(s["o"])
-    return bl.linear(s["o"], p[L + "W_o"]), s
+    return s["o"] @ p[L + "W_o"], s
+
+
+_L2_EPS = 1e-6          # bl.l2_normalize's default eps, which the model uses
 
 
 def _mixer_backward(layer_id, p, L, s, d_m, grads):
     """The gradient of :func:`_mixer_forward` with respect to ``u``; the layer's weight gradients go to ``grads``."""
     entry = mixers.mixer(layer_id)
-    do, grads[L + "W_o"], _ = bl.linear_backward(s["o"], p[L + "W_o"], d_m)
+    do, grads[L + "W_o"] = kn.linear_grad(s["o"], p[L + "W_o"], d_m)          # bl.linear_backward
     q, k, v, gates = s["q_core"], s["k_core"], s["v"], s["gates"]
     scale = 1 / math.sqrt(q.shape[-1]) if layer_id in _SCALED else 1.0
     dq, dk, dv, d_gates = entry.backward(q, k, v, gates, do, scale=scale, **s["options"])
     if entry.normalize_qk:
-        dq, dk = bl.l2_normalize_backward(s["q"], dq), bl.l2_normalize_backward(s["k"], dk)
+        dq, dk = kn.l2_normalize_grad(q, s["r_q"], dq), kn.l2_normalize_grad(k, s["r_k"], dk)
     u = s["u"]
     du = np.zeros_like(u)
     for gate in reversed(entry.gates):
@@ -425,10 +439,11 @@ def _mixer_backward(layer_id, p, L, s, d_m, grads):
     for gate in entry.gates:
         if gate in _LAYER_GATES:                           # a = -exp(A_log): da/dA_log = a
             grads[L + _LAYER_GATES[gate]] = np.array([float(np.sum(d_gates[gate])) * gates[gate]])
-    for name, dconv in zip("qkv", (dq, dk, dv)):
-        dpre, grads[L + "conv_weight_" + name], _, _ = bl.short_conv_backward(
-            s["pre_" + name], p[L + "conv_weight_" + name], dconv)
-        dui, grads[L + "W_" + name], _ = bl.linear_backward(u, p[L + "W_" + name], dpre)
+    for name, dconv in zip("qkv", (dq, dk, dv)):                       # bl.short_conv_backward, bl.linear_backward
+        w = p[L + "conv_weight_" + name]
+        d_padded, grads[L + "conv_weight_" + name] = kn.conv_grad(w, s["padded_" + name], dconv, dconv.shape[-2])
+        dpre = np.ascontiguousarray(d_padded[..., w.shape[1] - 1:, :])
+        dui, grads[L + "W_" + name] = kn.linear_grad(u, p[L + "W_" + name], dpre)
         du = du + dui
     return du
 
