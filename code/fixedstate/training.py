@@ -463,6 +463,7 @@ def model_forward(params, config: ModelConfig, tokens, *, zero_cores=()):
     mixer writes nothing); for evaluation, not for training.
     """
     zero_cores = _layer_indices(zero_cores, len(config.layers))
+    params = _check_params(params, config)
     x = bl.embedding(tokens, params["embedding"])
     cache = {"tokens": tokens, "layers": []}
     for i, layer_id in enumerate(config.layers):
@@ -476,6 +477,42 @@ def model_forward(params, config: ModelConfig, tokens, *, zero_cores=()):
     cache["x_final"] = x
     cache["h_final"] = bl.rms_norm(x, params["norm_final"])
     return bl.linear(cache["h_final"], params["W_head"]), cache
+
+
+def param_shapes(config: ModelConfig) -> dict:
+    """The name and shape of every parameter of the model ``config`` describes, in :func:`init_model`'s order.
+
+    Internal (outside ``__all__``): :func:`model_forward` checks its ``params`` against it once per call.
+    """
+    d, V, K, F = config.d_model, config.vocab_size, config.conv_size, config.d_ff
+    shapes = {"embedding": (V, d)}
+    for i, layer_id in enumerate(config.layers):
+        L = f"layers.{i}."
+        shapes[L + "norm_mixer"] = (d,)
+        shapes.update({L + name: (d, d) for name in ("W_q", "W_k", "W_v")})
+        shapes.update({L + name: (d, K) for name in ("conv_weight_q", "conv_weight_k", "conv_weight_v")})
+        for gate in mixers.mixer(layer_id).gates:
+            if gate in _TOKEN_GATES:
+                shapes[L + _TOKEN_GATES[gate].weight] = (d,)
+                shapes[L + _TOKEN_GATES[gate].bias] = (1,)
+            else:
+                shapes[L + _LAYER_GATES[gate]] = (1,)
+        shapes.update({L + "W_o": (d, d), L + "norm_mlp": (d,), L + "W_1": (d, F), L + "W_2": (F, d)})
+    shapes.update({"norm_final": (d,), "W_head": (d, V)})
+    return shapes
+
+
+def _check_params(params, config) -> dict:
+    """Check once per pass what the model's blocks then run unchecked: every parameter present, a finite
+    float array of its shape. Returns them as arrays (a list becomes one, as the blocks' checks made it)."""
+    if not isinstance(params, dict):
+        raise ValueError(f"params: expected a dict name -> array (init_model's), got {type(params).__name__}")
+    checked = {}
+    for name, shape in param_shapes(config).items():
+        if name not in params:
+            raise ValueError(f"params: expected a parameter {name!r} for the {config.mixer!r} model, got none")
+        checked[name] = as_float_array(params[name], f"params[{name!r}]", shape=shape)
+    return checked
 
 
 def _layer_indices(indices, n_layers) -> frozenset:
@@ -496,6 +533,7 @@ def model_backward(params, config: ModelConfig, cache, d_logits) -> dict:
     :func:`fixedstate.blocks.residual_block_backward` and the mixer's backward
     pass (the table's, :data:`fixedstate.mixers.MIXERS`).
     """
+    params = _check_params(params, config)
     g = {}
     dh, g["W_head"], _ = bl.linear_backward(cache["h_final"], params["W_head"], d_logits)
     dx, g["norm_final"] = bl.rms_norm_backward(cache["x_final"], dh, params["norm_final"])
