@@ -418,13 +418,22 @@ def _mixer_forward(layer_id, p, L, config, u, zero_core=False):
 _L2_EPS = 1e-6          # bl.l2_normalize's default eps, which the model uses
 
 
+def _backward_chunk(d):
+    """The chunk of the cores' chunkwise backward passes at width ``d`` (the gradients do not depend on it,
+    only the time and the rounding): 16 up to ``d = 32``, where the delta rules' backward in chunks of 16 took
+    0.4 to 0.8 times as long as in chunks of 32 (batch 64, T = 64 and 128, float32, one BLAS thread), and
+    mixers.BACKWARD_CHUNK (32) above, where 16 was no faster (d = 64) or slower (d = 128, T = 256)."""
+    return 16 if d <= 32 else mixers.BACKWARD_CHUNK
+
+
 def _mixer_backward(layer_id, p, L, s, d_m, grads):
     """The gradient of :func:`_mixer_forward` with respect to ``u``; the layer's weight gradients go to ``grads``."""
     entry = mixers.mixer(layer_id)
     do, grads[L + "W_o"] = kn.linear_grad(s["o"], p[L + "W_o"], d_m)          # bl.linear_backward
     q, k, v, gates = s["q_core"], s["k_core"], s["v"], s["gates"]
     scale = 1 / math.sqrt(q.shape[-1]) if layer_id in _SCALED else 1.0
-    dq, dk, dv, d_gates = entry.backward(q, k, v, gates, do, scale=scale, **s["options"])
+    dq, dk, dv, d_gates = entry.backward(q, k, v, gates, do, scale=scale, chunk_size=_backward_chunk(q.shape[-1]),
+                                         **s["options"])
     if entry.normalize_qk:
         dq, dk = kn.l2_normalize_grad(q, s["r_q"], dq), kn.l2_normalize_grad(k, s["r_k"], dk)
     u = s["u"]
