@@ -136,11 +136,25 @@ def cross_entropy(logits, targets) -> float:
     of such positions. ``logits`` ``(..., V)``; ``targets`` ``(...)`` integers in
     ``[-1, V)``, ``-1`` where no answer is asked. Returns a float.
     """
+    return _cross_entropy(logits, targets, grad=False)[0]
+
+
+def _cross_entropy(logits, targets, *, grad=True):
+    """Check once; ``(loss, d_logits)`` from one log-softmax of the rows with a target (``d_logits`` None
+    unless ``grad``): what :func:`cross_entropy` and :func:`cross_entropy_backward` return."""
     z = as_float_array(logits, "logits")
     t = _targets(targets, z.shape)
     mask = t >= 0
     logp = _log_softmax(z[mask])
-    return float(-np.mean(logp[np.arange(logp.shape[0]), t[mask]]))
+    rows, answers = np.arange(logp.shape[0]), t[mask]
+    loss = float(-np.mean(logp[rows, answers]))
+    if not grad:
+        return loss, None
+    g = np.zeros_like(z)
+    p = np.exp(logp)
+    p[rows, answers] -= 1
+    g[mask] = p / mask.sum()
+    return loss, g
 
 
 def cross_entropy_backward(logits, targets):
@@ -149,14 +163,7 @@ def cross_entropy_backward(logits, targets):
     ``(softmax(z_t) - onehot(y_t)) / M`` at a position with a target, zero
     elsewhere. Same shape and dtype as ``logits``.
     """
-    z = as_float_array(logits, "logits")
-    t = _targets(targets, z.shape)
-    mask = t >= 0
-    g = np.zeros_like(z)
-    p = np.exp(_log_softmax(z[mask]))
-    p[np.arange(p.shape[0]), t[mask]] -= 1
-    g[mask] = p / mask.sum()
-    return g
+    return _cross_entropy(logits, targets)[1]
 
 
 # ---------------------------------------------------------------------------- Adam
@@ -565,8 +572,8 @@ def model_backward(params, config: ModelConfig, cache, d_logits) -> dict:
 def loss_and_grads(params, config: ModelConfig, tokens, targets):
     """The cross-entropy of the model on a batch, and its gradient with respect to every parameter."""
     logits, cache = model_forward(params, config, tokens)
-    loss = cross_entropy(logits, targets)
-    return loss, model_backward(params, config, cache, cross_entropy_backward(logits, targets))
+    loss, d_logits = _cross_entropy(logits, targets)       # cross_entropy and cross_entropy_backward, in one
+    return loss, model_backward(params, config, cache, d_logits)
 
 
 # ---------------------------------------------------------------------------- data, training, evaluation
