@@ -803,27 +803,22 @@ def swa_window(d_model) -> int:
 #
 # Budget (tools/mqar_calibrate.py; results/mqar_calibration.json; `tools/mqar_calibrate.py
 # --budget results/mqar_calibration.json` prints the table): one process, one BLAS thread,
-# batch 64, timed on the shared two-core machine while other sessions loaded it (load
-# average 8-24), so upper bounds, likely 2-5x an idle machine's. The model's forward took
-# 0.04-0.2 s at T = 64 and 0.08-0.8 s at T = 128 over the widths 8-64; a whole step, when
-# this was measured (before the chunkwise backward passes existed: the delta rule family,
-# linear attention and the SSD then ran their token-by-token backward), up to 25 s.
-# Assumed then, and still the assumption: the chunkwise backward passes bring a step to
-# three forwards (a backward about twice the forward). The model's backward now runs them
-# (fixedstate.mixers, chunks of BACKWARD_CHUNK), one sequential step per chunk instead of
-# per token, but the step has not been re-timed at these shapes, so the projection below
-# is not yet checked. The sweep is 7 x 4 x 3 = 84 tuning runs at T = 128 and
-# 7 x 4 x 5 = 140 runs at each length; one step of every run then costs 240 core-seconds
-# projected (1,114 as measured with the token-by-token backward), so 90 minutes on two
-# cores (10,800 core-seconds) buy 45 steps per run at those speeds, and the 150 steps below
-# take about 300 minutes projected (60-150 if an idle machine is 2-5x faster). The 150
+# batch 64, float32. A whole step (loss_and_grads, with the cores' chunkwise backward passes)
+# took 0.016-0.14 s at T = 64 and 0.03-0.29 s at T = 128 over the widths 8-64, about three
+# forwards, as the budget had assumed (re-timed 2026-12-02 on the shared two-core machine at a
+# load average of 0.7-2.1; the first calibration, at a load of 8-24 and with the token-by-token
+# backward passes of that time, had measured up to 7 s). The sweep is 7 x 4 x 3 = 84 tuning
+# runs at T = 128 and 7 x 4 x 5 = 140 runs at each length; one step of every run costs about
+# 35 core-seconds, so 90 minutes on two cores (10,800 core-seconds) buy about 300 steps per
+# run, and the 150 steps below take about 45 minutes (the training steps alone: not the
+# widened grids, the test sets' evaluation or a second worker's share of the cores). The 150
 # steps are what the pilots showed the smallest setting needs: softmax attention (d = 16,
 # batch 64, lr 3e-2) solves T = 32 with 8 pairs in 150 steps; at T = 128 with 32 pairs
 # (d = 32) it was still on the uniform-value plateau (loss ln 64) after 150 steps, as at
 # T = 64 with 16 pairs after 800 steps of batch 16. So the issue's minimums do not fit
 # 90 minutes on this machine at a number of steps that learns: what 90 minutes buy here is
 # the plateau, not the frontier. The sweep needs more cores (tools/mqar_sweep.py --engine
-# dask on a cluster) or a longer budget, and a re-timed step to size either, before it can
+# dask on a cluster) or a longer budget, sized with the step timed above, before it can
 # answer the question.
 RECALL_SWEEP = {
     "name": "recall",
