@@ -49,7 +49,6 @@ import numpy as np
 from scipy.special import expit
 
 from . import kernels as kn
-
 from ._grad import sum_to
 from ._validate import as_float_array, broadcast_leading, check_dim
 
@@ -715,8 +714,8 @@ def residual_block_backward(saved, d_out, mixer_backward, W_1=None, W_2=None, *,
     """Gradients of :func:`residual_block` (``eq-tr-model``): ``(dx, grads)``.
 
     Each residual connection passes ``d_out`` through unchanged and adds its
-    branch's gradient: the MLP's (:func:`mlp_backward`, :func:`rms_norm_backward`),
-    then the mixer's, ``mixer_backward(saved["mixer"], d_m) -> du`` (the
+    branch's gradient: the MLP's (:func:`mlp_backward`, :func:`rms_norm_backward`, computed
+    from the inner values the forward kept in ``saved`` rather than recomputed), then the mixer's, ``mixer_backward(saved["mixer"], d_m) -> du`` (the
     gradient with respect to the normalised input ``u``; it records the mixer's
     own weight gradients itself). ``grads`` holds ``W_1``, ``W_2``, ``norm_mixer``
     and ``norm_mlp`` (None where the block has no such weight).
