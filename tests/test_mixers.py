@@ -56,8 +56,8 @@ def test_forward_is_the_cores_own_form():
                                   la.linear_attention_chunkwise(q, k, v, feature_map=la.identity_feature_map,
                                                                 normalize=False, chunk_size=4)[0])
     q, k, v, g = inputs("ssd")                      # q, k, v are Mamba-2's C, B, x
-    np.testing.assert_array_equal(mixers.mixer("ssd").forward(q, k, v, g)[0],
-                                  ssm.ssd_recurrent(v, g["delta"], g["a"], k, q)[0])
+    np.testing.assert_array_equal(mixers.mixer("ssd").forward(q, k, v, g, chunk_size=4)[0],
+                                  ssm.ssd_chunkwise(v, g["delta"], g["a"], k, q, chunk_size=4)[0])
 
 
 @pytest.mark.parametrize("layer_id", sorted(mixers.MIXERS))

@@ -8,6 +8,7 @@ configuration of the stored sweep is rerun and must reproduce its accuracy.
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,34 @@ def test_model_keeps_float32_and_rejects_an_unknown_mixer():
     assert math.isfinite(loss) and all(g.dtype == np.float32 for g in grads.values())
     with pytest.raises(ValueError, match="mixer"):
         tr.ModelConfig("lstm", vocab_size=9, d_model=4)
+
+
+@pytest.mark.parametrize("mixer", sorted(tr.MODEL_LAYERS))
+def test_the_model_checks_its_parameters_once_at_its_boundary(mixer):
+    """The blocks inside the model run unchecked, so model_forward and model_backward check every parameter
+    first: present, of its shape, finite (a ValueError naming it); param_shapes lists init_model's."""
+    config = tr.ModelConfig(mixer, vocab_size=9, d_model=4, window=3 if mixer == "swa" else None)
+    params = tr.init_model(config, 0, dtype=np.float32, ssd_init="mamba2" if mixer == "ssd" else "unit")
+    assert {n: p.shape for n, p in params.items()} == tr.param_shapes(config)
+    assert list(params) == list(tr.param_shapes(config))
+    tokens, targets = tr.mqar_data(2, vocab_size=9, n_pairs=2, seq_len=9, rng=0)
+    logits, cache = tr.model_forward(params, config, tokens)
+    d_logits = tr.cross_entropy_backward(logits, targets)
+    for name in params:
+        for bad, what in ((np.full_like(params[name], np.nan), "finite"),
+                          (np.zeros(params[name].shape + (1,), params[name].dtype), "shape")):
+            broken = {**params, name: bad}
+            with pytest.raises(ValueError, match=rf"params\['{re.escape(name)}'\].*{what}"):
+                tr.model_forward(broken, config, tokens)
+            with pytest.raises(ValueError, match=rf"params\['{re.escape(name)}'\].*{what}"):
+                tr.model_backward(broken, config, cache, d_logits)
+        missing = {n: p for n, p in params.items() if n != name}
+        with pytest.raises(ValueError, match=re.escape(repr(name))):
+            tr.model_forward(missing, config, tokens)
+    as_lists = {n: p.tolist() for n, p in params.items()}      # array-likes are taken as the blocks took them
+    np.testing.assert_array_equal(tr.model_forward(as_lists, config, tokens)[0],
+                                  tr.model_forward({n: p.astype(np.float64) for n, p in params.items()},
+                                                   config, tokens)[0])
 
 
 def test_a_tiny_training_run_learns():

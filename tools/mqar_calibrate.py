@@ -14,8 +14,11 @@ BLAS thread (the sweep's workers run that way, one per core):
 and prints the seconds per step, with ``projected = 3 x forward``: the cost of a step
 once every core has a backward about twice its forward (the assumption the budget of
 ``fixedstate.training.RECALL_SWEEP`` makes for the chunkwise backward passes). Each
-time is the median of ``--reps`` calls after one warm-up call; the machine's other
-load makes them upper bounds. ``--out`` writes them as JSON.
+time is the median wall-clock time of ``--reps`` calls after one warm-up call; beside
+it, ``step_cpu`` and ``forward_cpu`` are the least CPU time of those calls (best of N:
+the process's own time, which other programs on a shared machine disturb less than the
+wall clock). The machine's other load makes them upper bounds. ``--dtype`` is the
+parameters' (float32, the sweep's, or float64). ``--out`` writes them as JSON.
 """
 
 from __future__ import annotations
@@ -35,25 +38,29 @@ import numpy as np  # noqa: E402
 from fixedstate import training as tr  # noqa: E402
 
 
-def _median_seconds(fn, reps):
+def _seconds(fn, reps):
+    """``(median wall-clock seconds, least CPU seconds)`` of ``reps`` calls after one warm-up call."""
     fn()
-    times = []
+    wall, cpu = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), min(cpu)
 
 
-def measure(mixer, seq_len, d_model, *, batch_size, vocab_size, n_pairs, reps):
-    """``{"step": s, "forward": s}``: median seconds of one training step and of one forward pass."""
+def measure(mixer, seq_len, d_model, *, batch_size, vocab_size, n_pairs, reps, dtype=np.float32):
+    """``{"step", "forward", "step_cpu", "forward_cpu"}``: median seconds of one training step and of one
+    forward pass, and the least CPU seconds of each."""
     config = tr.ModelConfig(mixer, vocab_size, d_model, window=tr.swa_window(d_model) if mixer == "swa" else None)
-    params = tr.init_model(config, np.random.default_rng(0), dtype=np.float32,
+    params = tr.init_model(config, np.random.default_rng(0), dtype=dtype,
                            ssd_init="mamba2" if mixer == "ssd" else "unit")
     tokens, targets = tr.mqar_data(batch_size, vocab_size=vocab_size, n_pairs=n_pairs, seq_len=seq_len,
                                    rng=np.random.default_rng(1), distinct_values=True)
-    return {"step": _median_seconds(lambda: tr.loss_and_grads(params, config, tokens, targets), reps),
-            "forward": _median_seconds(lambda: tr.model_forward(params, config, tokens), reps)}
+    step, step_cpu = _seconds(lambda: tr.loss_and_grads(params, config, tokens, targets), reps)
+    forward, forward_cpu = _seconds(lambda: tr.model_forward(params, config, tokens), reps)
+    return {"step": step, "forward": forward, "step_cpu": step_cpu, "forward_cpu": forward_cpu}
 
 
 def main(argv=None):
@@ -68,6 +75,7 @@ def main(argv=None):
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--minutes", type=float, default=90)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.budget:
@@ -75,16 +83,16 @@ def main(argv=None):
                minutes=args.minutes)
         return
     rows = []
-    print(f"{'mixer':>12s} {'T':>4s} {'d':>4s} {'step s':>8s} {'fwd s':>8s} {'3 x fwd':>8s}", flush=True)
+    print(f"{'mixer':>12s} {'T':>4s} {'d':>4s} {'step s':>8s} {'fwd s':>8s} {'3 x fwd':>8s} {'step cpu':>8s}", flush=True)
     for T in args.seq_lens:
         for d in args.d_models:
             for m in args.mixers:
                 r = measure(m, T, d, batch_size=args.batch_size, vocab_size=args.vocab_size, n_pairs=T // 4,
-                            reps=args.reps)
-                rows.append({"mixer": m, "seq_len": T, "d_model": d, **{k: round(v, 5) for k, v in r.items()},
-                             "projected": round(3 * r["forward"], 5)})
-                print(f"{m:>12s} {T:4d} {d:4d} {r['step']:8.4f} {r['forward']:8.4f} {3 * r['forward']:8.4f}",
-                      flush=True)
+                            reps=args.reps, dtype=np.dtype(args.dtype))
+                rows.append({"mixer": m, "seq_len": T, "d_model": d, "dtype": args.dtype,
+                             **{k: round(v, 5) for k, v in r.items()}, "projected": round(3 * r["forward"], 5)})
+                print(f"{m:>12s} {T:4d} {d:4d} {r['step']:8.4f} {r['forward']:8.4f} {3 * r['forward']:8.4f} "
+                      f"{r['step_cpu']:8.4f}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"settings": vars(args), "machine": platform.platform(), "rows": rows}, f, indent=1)
@@ -92,7 +100,11 @@ def main(argv=None):
 
 
 def budget(rows, settings, *, cores, minutes, print_line=print):
-    """Print the sweep's budget from calibration ``rows``; return the steps per run that fit."""
+    """Print the sweep's budget from calibration ``rows``; return the steps per run that fit.
+
+    Rows of another dtype than the sweep's float32 (``"dtype"``; rows without one were float32) are left out.
+    """
+    rows = [r for r in rows if r.get("dtype", "float32") == "float32"]
     speed = {(r["mixer"], r["seq_len"], r["d_model"]): r for r in rows}
     for m in settings["mixers"]:             # a row not measured: the slowest mixer's at that length and width
         for T, _ in settings["lengths"]:

@@ -48,6 +48,7 @@ import numbers
 import numpy as np
 from scipy.special import expit
 
+from . import kernels as kn
 from ._grad import sum_to
 from ._validate import as_float_array, broadcast_leading, check_dim
 
@@ -181,8 +182,7 @@ def silu_backward(x, d_out):
     ``x`` and ``d_out`` of one shape; returns the gradient with respect to ``x``.
     """
     x = as_float_array(x, "x")
-    s = expit(x)
-    return _grad(d_out, "d_out", x.shape) * s * (1 + x * (1 - s))
+    return kn.silu_grad(x, expit(x), _grad(d_out, "d_out", x.shape))
 
 
 def softplus_backward(x, d_out):
@@ -294,7 +294,7 @@ def linear_backward(x, weight, d_out):
     w = as_float_array(weight, "weight", ndim=2)
     check_dim(w, "weight", 0, x.shape[-1], "d_in, the last axis of x")
     g = _grad(d_out, "d_out", x.shape[:-1] + (w.shape[1],))
-    return g @ w.T, _rows(x).T @ _rows(g), _rows(g).sum(axis=0)
+    return (*kn.linear_grad(x, w, g), _rows(g).sum(axis=0))
 
 
 def mlp(x, W_1, W_2):
@@ -317,10 +317,15 @@ def mlp(x, W_1, W_2):
     w2 = as_float_array(W_2, "W_2", ndim=2, allow_nonfinite=True)
     check_dim(w1, "W_1", 0, x.shape[-1], "d, the last axis of x")
     check_dim(w2, "W_2", 0, w1.shape[1], "d_ff, the second axis of W_1")
+    return _mlp(x, w1, w2)[0]
+
+
+def _mlp(x, w1, w2):
+    """:func:`mlp` on checked arrays: ``(out, inner)``, ``inner`` the values :func:`fixedstate.kernels.mlp_grad`
+    reuses (the residual block keeps them rather than recompute them)."""
     with np.errstate(invalid="ignore"):  # NaN from a non-finite input: reported below, by name
-        u = x @ w1
-        out = (u * expit(u)) @ w2
-    return _finite_result(out, ("x", x), ("W_1", w1), ("W_2", w2))
+        out, inner = kn.mlp_parts(x, w1, w2)
+    return _finite_result(out, ("x", x), ("W_1", w1), ("W_2", w2)), inner
 
 
 def mlp_backward(x, W_1, W_2, d_out):
@@ -338,11 +343,14 @@ def mlp_backward(x, W_1, W_2, d_out):
     -------
     dx ``(..., d)``, dW_1 ``(d, d_ff)``, dW_2 ``(d_ff, d_out)``
     """
-    u = linear(x, W_1)
-    h = silu(u)
-    dh, dW_2, _ = linear_backward(h, W_2, d_out)
-    dx, dW_1, _ = linear_backward(x, W_1, silu_backward(u, dh))
-    return dx, dW_1, dW_2
+    x = _features(x, "x")
+    w1 = as_float_array(W_1, "W_1", ndim=2)
+    w2 = as_float_array(W_2, "W_2", ndim=2)
+    check_dim(w1, "W_1", 0, x.shape[-1], "d, the last axis of x")
+    check_dim(w2, "W_2", 0, w1.shape[1], "d_ff, the second axis of W_1")
+    g = _grad(d_out, "d_out", x.shape[:-1] + (w2.shape[1],))
+    _, inner = _mlp(x, w1, w2)
+    return kn.mlp_grad(x, inner, w1, w2, g)
 
 
 def embedding(tokens, table):
@@ -409,7 +417,7 @@ def rms_norm(x, weight=None, *, eps=1e-6):
     """
     x = _features(x, "x")
     eps = _eps(eps)
-    out = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    out, _ = kn.rms_norm_parts(x, eps)
     if weight is not None:
         out = out * _weight_vector(weight, "weight", x.shape[-1], "d, the last axis of x")
     return out
@@ -430,16 +438,11 @@ def rms_norm_backward(x, d_out, weight=None, *, eps=1e-6):
     -------
     dx ``(..., d)``, dweight ``(d,)`` or None
     """
-    normed = rms_norm(x, eps=eps)
-    x = np.asarray(x, dtype=normed.dtype)
+    x = _features(x, "x")
+    normed, r = kn.rms_norm_parts(x, _eps(eps))
     g = _grad(d_out, "d_out", x.shape)
-    r = 1 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + _eps(eps))
-    dweight = None
-    if weight is not None:
-        w = _weight_vector(weight, "weight", x.shape[-1], "d, the last axis of x")
-        dweight = _rows(g * normed).sum(axis=0)
-        g = g * w
-    return r * g - r * normed * np.mean(g * normed, axis=-1, keepdims=True), dweight
+    w = None if weight is None else _weight_vector(weight, "weight", x.shape[-1], "d, the last axis of x")
+    return kn.rms_norm_grad(normed, r, g, w)
 
 
 def gated_rms_norm(x, z, weight=None, *, eps=1e-6, norm_before_gate=True):
@@ -486,8 +489,7 @@ def l2_normalize(x, *, eps=1e-6):
     ``x`` ``(..., d)``; returns ``(..., d)``.
     """
     x = _features(x, "x")
-    eps = _eps(eps)
-    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+    return kn.l2_normalize_parts(x, _eps(eps))[0]
 
 
 def l2_normalize_backward(x, d_out, *, eps=1e-6):
@@ -499,11 +501,9 @@ def l2_normalize_backward(x, d_out, *, eps=1e-6):
 
     ``x`` and ``d_out`` ``(..., d)``; returns ``dx`` ``(..., d)``.
     """
-    y = l2_normalize(x, eps=eps)
-    x = np.asarray(x, dtype=y.dtype)
-    g = _grad(d_out, "d_out", x.shape)
-    r = 1 / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + _eps(eps))
-    return r * (g - y * np.sum(y * g, axis=-1, keepdims=True))
+    x = _features(x, "x")
+    y, r = kn.l2_normalize_parts(x, _eps(eps))
+    return kn.l2_normalize_grad(y, r, _grad(d_out, "d_out", x.shape))
 
 
 # ---------------------------------------------------------------------------- short convolution
@@ -575,7 +575,7 @@ def short_conv(x, weight, *, initial_state=None, bias=None, mask=None):
                              f"got shape {np.shape(mask)}") from None
         x = np.where(keep, x, 0.0).astype(x.dtype, copy=False)
     padded = np.concatenate([state, x], axis=-2)  # (..., K-1+T, d)
-    y = sum(w[:, j] * padded[..., j:j + T, :] for j in range(K))
+    y = kn.conv_taps(w, padded, T)
     if b is not None:
         y = y + b
     if keep is not None:
@@ -605,20 +605,17 @@ def short_conv_backward(x, weight, d_y, *, initial_state=None, bias=None, d_fina
     is None), d_initial_state with the shape of ``initial_state`` (when it is None: the
     leading axes of ``x``, ``(..., K-1, d)``)
     """
-    y, conv_state = short_conv(x, weight, initial_state=initial_state, bias=bias)
     x_shape = np.shape(x)
     state_shape = None if initial_state is None else np.shape(initial_state)
     x, w, state, _ = _conv_args(x, weight, initial_state, bias, token=False)
     K, T = w.shape[1], x.shape[-2]
-    g = _grad(d_y, "d_y", y.shape)
+    # d_y and d_final_state have the shapes of the forward's output and cache (the forward need not run)
+    g = _grad(d_y, "d_y", x.shape)
     padded = np.concatenate([state, x], axis=-2)
     d_padded = np.zeros(padded.shape, dtype=np.result_type(padded, g))
     if d_final_state is not None:
-        d_padded[..., T:, :] += _grad(d_final_state, "d_final_state", conv_state.shape)
-    dweight = np.empty(w.shape, dtype=d_padded.dtype)
-    for j in range(K):
-        d_padded[..., j:j + T, :] += w[:, j] * g
-        dweight[:, j] = _rows(g * padded[..., j:j + T, :]).sum(axis=0)
+        d_padded[..., T:, :] += _grad(d_final_state, "d_final_state", state.shape)
+    d_padded, dweight = kn.conv_grad(w, padded, g, T, d_padded)
     dbias = None if bias is None else _rows(g).sum(axis=0)
     dx, d_state = d_padded[..., K - 1:, :], d_padded[..., :K - 1, :]
     # Each gradient has its input's shape: summed over the axes the forward broadcast it along.
@@ -679,14 +676,37 @@ def residual_block(x, mixer, W_1=None, W_2=None, *, norm_mixer=None, norm_mlp=No
         raise ValueError(f"mixer: expected a function u -> (output, saved), got {type(mixer).__name__}")
     if (W_1 is None) != (W_2 is None):
         raise ValueError("W_1, W_2: expected both (a block with an MLP) or neither, got one of them")
-    u = rms_norm(x, norm_mixer, eps=eps)
+    # rms_norm and mlp with the values their backward passes need kept in ``saved`` (the same arithmetic)
+    x = _features(x, "x")
+    eps = _eps(eps)
+    u, u_parts = _kept_rms_norm(x, norm_mixer, eps)
     m, mixer_saved = mixer(u)
     x_mid = x + m
-    saved = {"x": x, "u": u, "x_mid": x_mid, "mixer": mixer_saved}
+    saved = {"x": x, "u": u, "x_mid": x_mid, "mixer": mixer_saved, "u_parts": u_parts}
     if W_1 is None:
         return x_mid, saved
-    saved["h"] = rms_norm(x_mid, norm_mlp, eps=eps)
-    return x_mid + mlp(saved["h"], W_1, W_2), saved
+    x_mid = _features(x_mid, "x")
+    saved["h"], saved["h_parts"] = _kept_rms_norm(x_mid, norm_mlp, eps)
+    w1 = as_float_array(W_1, "W_1", ndim=2, allow_nonfinite=True)
+    w2 = as_float_array(W_2, "W_2", ndim=2, allow_nonfinite=True)
+    check_dim(w1, "W_1", 0, x_mid.shape[-1], "d, the last axis of x")
+    check_dim(w2, "W_2", 0, w1.shape[1], "d_ff, the second axis of W_1")
+    out, saved["mlp_inner"] = _mlp(saved["h"], w1, w2)
+    return x_mid + out, saved
+
+
+def _kept_rms_norm(x, weight, eps):
+    """:func:`rms_norm` of a checked ``x``: ``(out, (normed, r))``, the parts its gradient reuses."""
+    normed, r = kn.rms_norm_parts(x, eps)
+    if weight is None:
+        return normed, (normed, r)
+    return normed * _weight_vector(weight, "weight", x.shape[-1], "d, the last axis of x"), (normed, r)
+
+
+def _kept_rms_norm_backward(parts, d_out, weight, shape):
+    """:func:`rms_norm_backward` from the parts :func:`_kept_rms_norm` kept."""
+    w = None if weight is None else _weight_vector(weight, "weight", shape[-1], "d, the last axis of x")
+    return kn.rms_norm_grad(*parts, _grad(d_out, "d_out", shape), w)
 
 
 def residual_block_backward(saved, d_out, mixer_backward, W_1=None, W_2=None, *, norm_mixer=None,
@@ -694,20 +714,29 @@ def residual_block_backward(saved, d_out, mixer_backward, W_1=None, W_2=None, *,
     """Gradients of :func:`residual_block` (``eq-tr-model``): ``(dx, grads)``.
 
     Each residual connection passes ``d_out`` through unchanged and adds its
-    branch's gradient: the MLP's (:func:`mlp_backward`, :func:`rms_norm_backward`),
-    then the mixer's, ``mixer_backward(saved["mixer"], d_m) -> du`` (the
+    branch's gradient: the MLP's (:func:`mlp_backward`, :func:`rms_norm_backward`, computed
+    from the inner values the forward kept in ``saved`` rather than recomputed), then the mixer's, ``mixer_backward(saved["mixer"], d_m) -> du`` (the
     gradient with respect to the normalised input ``u``; it records the mixer's
     own weight gradients itself). ``grads`` holds ``W_1``, ``W_2``, ``norm_mixer``
     and ``norm_mlp`` (None where the block has no such weight).
     """
-    if not isinstance(saved, dict) or "mixer" not in saved:
-        raise ValueError(f"saved: expected the dict residual_block returned, got {type(saved).__name__}")
+    if not isinstance(saved, dict) or "mixer" not in saved or "u_parts" not in saved:
+        raise ValueError(f"saved: expected the dict residual_block returned, got {type(saved).__name__}"
+                         f"{'' if not isinstance(saved, dict) else ' with keys ' + str(sorted(saved))}")
+    _eps(eps)                                   # (the forward's eps: its parts are kept in saved)
     grads = {"W_1": None, "W_2": None, "norm_mlp": None}
-    dx = d_out
+    dx = _grad(d_out, "d_out", np.shape(saved["x_mid"]))
     if W_1 is not None:
-        dh, grads["W_1"], grads["W_2"] = mlp_backward(saved["h"], W_1, W_2, dx)
-        dx_mid, grads["norm_mlp"] = rms_norm_backward(saved["x_mid"], dh, norm_mlp, eps=eps)
+        if "mlp_inner" not in saved:
+            raise ValueError("W_1, W_2: expected none for a block that ran without an MLP, got them")
+        h = saved["h"]
+        w1 = as_float_array(W_1, "W_1", ndim=2)
+        w2 = as_float_array(W_2, "W_2", ndim=2)
+        check_dim(w1, "W_1", 0, h.shape[-1], "d, the last axis of x")
+        check_dim(w2, "W_2", 0, w1.shape[1], "d_ff, the second axis of W_1")
+        dh, grads["W_1"], grads["W_2"] = kn.mlp_grad(h, saved["mlp_inner"], w1, w2, dx)
+        dx_mid, grads["norm_mlp"] = _kept_rms_norm_backward(saved["h_parts"], dh, norm_mlp, h.shape)
         dx = dx + dx_mid
     du = mixer_backward(saved["mixer"], dx)
-    dx_in, grads["norm_mixer"] = rms_norm_backward(saved["x"], du, norm_mixer, eps=eps)
+    dx_in, grads["norm_mixer"] = _kept_rms_norm_backward(saved["u_parts"], du, norm_mixer, saved["x"].shape)
     return dx + dx_in, grads

@@ -30,6 +30,13 @@ and trusts them. What lives here is what more than one module needs:
   gradients of those decays (:func:`chunk_gate_gradient`, which the delta rule's and the
   additive backward share), and the chunked backward of gated linear attention
   (:func:`additive_chunks_backward`, which linear attention's and the SSD's call);
+- the arithmetic of the blocks (:mod:`fixedstate.blocks`) with the forward's values kept
+  for the backward: RMSNorm and L2 normalisation (:func:`rms_norm_parts`,
+  :func:`l2_normalize_parts` and their gradients), a projection's gradient
+  (:func:`linear_grad`), SiLU and the MLP (:func:`silu_parts`, :func:`mlp_parts` and their
+  gradients), the short convolution's taps (:func:`conv_taps`, :func:`conv_grad`), which the
+  blocks' public functions and chapter 9's training step (:mod:`fixedstate.training`, which
+  validates its parameters once per step) share;
 - :func:`flat`, which merges leading axes; the softmax attention's
   :func:`row_softmax` and :func:`softmax_scale`; the SSM's :func:`segment_sums` and
   the pair scan :func:`scan_pairs` behind :func:`fixedstate.ssm.associative_scan`.
@@ -48,6 +55,7 @@ import math
 
 import numpy as np
 from scipy.linalg import blas as scipy_blas
+from scipy.special import expit
 
 from ._threads import one_blas_thread
 from ._validate import as_float_array
@@ -60,6 +68,8 @@ __all__ = [
     "chunk_tokens", "unchunk", "scalar_chunk_decays", "chunk_gate_gradient", "additive_chunks_backward",
     "ssd_decay_mask", "ssd_state",
     "row_softmax", "softmax_scale", "segment_sums", "scan_pairs",
+    "rms_norm_parts", "rms_norm_grad", "l2_normalize_parts", "l2_normalize_grad", "linear_grad",
+    "silu_parts", "silu_grad", "mlp_parts", "mlp_grad", "conv_taps", "conv_grad",
 ]
 
 
@@ -885,3 +895,108 @@ def scan_pairs(a: np.ndarray, b: np.ndarray):
         out_a[2:T:2] = a_half[:k] * a_even
         out_b[2:T:2] = a_even * b_half[:k] + b_even
     return out_a, out_b
+
+
+# --------------------------------------------------------------------------- the blocks' arithmetic
+
+def rms_norm_parts(x, eps):
+    """RMSNorm without its weight: ``(normed, r)`` with ``r = 1 / sqrt(mean(x^2) + eps)`` over the last axis.
+
+    ``x`` ``(..., d)``; ``normed = x / sqrt(mean(x^2) + eps)`` ``(..., d)`` and ``r`` ``(..., 1)``,
+    which :func:`rms_norm_grad` reuses (``eq-tr-rms-grad``).
+    """
+    root = np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return x / root, 1 / root
+
+
+def rms_norm_grad(normed, r, d_out, weight):
+    """The gradients of RMSNorm (``eq-tr-rms-grad``) from :func:`rms_norm_parts`: ``(dx, dweight)``.
+
+    With ``g = d_out * weight``: ``dx = r g - r normed mean(g normed)``; ``dweight`` sums
+    ``d_out * normed`` over the leading axes (None when ``weight`` is None). ``normed``,
+    ``d_out`` ``(..., d)``, ``r`` ``(..., 1)``, ``weight`` ``(d,)`` or None.
+    """
+    dweight = None
+    if weight is not None:
+        dweight = (d_out * normed).reshape(-1, normed.shape[-1]).sum(axis=0)
+        d_out = d_out * weight
+    return r * d_out - r * normed * np.mean(d_out * normed, axis=-1, keepdims=True), dweight
+
+
+def l2_normalize_parts(x, eps):
+    """``(y, r)``: ``y = x / sqrt(sum(x^2) + eps)`` over the last axis and ``r = 1 / sqrt(sum(x^2) + eps)``.
+
+    ``x`` ``(..., d)``; ``y`` ``(..., d)``, ``r`` ``(..., 1)``, which :func:`l2_normalize_grad` reuses.
+    """
+    root = np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+    return x / root, 1 / root
+
+
+def l2_normalize_grad(y, r, d_out):
+    """The gradient of L2 normalisation (``eq-tr-l2-grad``): ``r (d_out - y (y . d_out))``, ``(..., d)``."""
+    return r * (d_out - y * np.sum(y * d_out, axis=-1, keepdims=True))
+
+
+def linear_grad(x, weight, d_out):
+    """The gradients of ``x @ weight`` (``eq-tr-linear-grad``): ``(dx, dweight)``.
+
+    ``x`` ``(..., d_in)``, ``weight`` ``(d_in, d_out)``, ``d_out`` ``(..., d_out)``;
+    ``dx = d_out W^T`` and ``dweight = X^T d_out`` over the rows of every leading axis.
+    """
+    return d_out @ weight.T, x.reshape(-1, x.shape[-1]).T @ d_out.reshape(-1, d_out.shape[-1])
+
+
+def silu_parts(u):
+    """``(h, s)``: SiLU ``h = u s`` with ``s = sigmoid(u)``, kept for :func:`silu_grad`. Any shape."""
+    s = expit(u)
+    return u * s, s
+
+
+def silu_grad(u, s, d_out):
+    """The gradient through SiLU (``eq-tr-act-grads``): ``d_out s (1 + u (1 - s))``, ``s = sigmoid(u)``."""
+    return d_out * s * (1 + u * (1 - s))
+
+
+def mlp_parts(x, W_1, W_2):
+    """The SiLU MLP ``silu(x W_1) W_2`` (``eq-tr-mlp-grad``): ``(out, (u, s, h))``, the inner values kept.
+
+    ``x`` ``(..., d)``, ``W_1`` ``(d, d_ff)``, ``W_2`` ``(d_ff, d_out)``; ``u = x W_1``,
+    ``s = sigmoid(u)``, ``h = u s``.
+    """
+    u = x @ W_1
+    h, s = silu_parts(u)
+    return h @ W_2, (u, s, h)
+
+
+def mlp_grad(x, inner, W_1, W_2, d_out):
+    """The gradients of :func:`mlp_parts` from its kept ``inner = (u, s, h)``: ``(dx, dW_1, dW_2)``."""
+    u, s, h = inner
+    dh, dW_2 = linear_grad(h, W_2, d_out)
+    dx, dW_1 = linear_grad(x, W_1, silu_grad(u, s, dh))
+    return dx, dW_1, dW_2
+
+
+def conv_taps(weight, padded, T):
+    """The short causal convolution (``eq-tr-model``, whose gradient is ``eq-tr-conv-grad``) of ``padded`` ``(..., K-1+T, d)``, the ``K - 1`` inputs
+    before the sequence then its ``T`` tokens, with ``weight`` ``(d, K)``: ``(..., T, d)``,
+    ``sum_j weight[:, j] * padded[..., j:j+T, :]`` accumulated in the order ``j = 0, ..., K-1``."""
+    y = weight[:, 0] * padded[..., 0:T, :]
+    for j in range(1, weight.shape[1]):
+        y += weight[:, j] * padded[..., j:j + T, :]
+    return y
+
+
+def conv_grad(weight, padded, d_y, T, d_padded=None):
+    """The gradients of :func:`conv_taps` (``eq-tr-conv-grad``): ``(d_padded, dweight)``.
+
+    ``d_y`` ``(..., T, d)``; tap ``j`` sends ``weight[:, j] * d_y`` back to ``padded[..., j:j+T, :]``
+    and its weight gathers ``d_y * padded[..., j:j+T, :]`` over every row. ``d_padded`` (the
+    shape of ``padded``), if given, already holds a gradient and is added to in place.
+    """
+    if d_padded is None:
+        d_padded = np.zeros(padded.shape, dtype=np.result_type(padded, d_y))
+    dweight = np.empty(weight.shape, dtype=d_padded.dtype)
+    for j in range(weight.shape[1]):
+        d_padded[..., j:j + T, :] += weight[:, j] * d_y
+        dweight[:, j] = (d_y * padded[..., j:j + T, :]).reshape(-1, padded.shape[-1]).sum(axis=0)
+    return d_padded, dweight

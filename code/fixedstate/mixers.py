@@ -169,9 +169,10 @@ def _kda_step(q, k, v, gates, cache, *, scale=1.0):
 
 # ------------------------------------------------------------------------- Mamba-2's SSD
 
-def _ssd_forward(q, k, v, gates, *, scale=1.0, chunk_size=None, initial_state=None):
+def _ssd_forward(q, k, v, gates, *, scale=1.0, chunk_size=64, initial_state=None):
     _unscaled(scale, SSD)
-    return ssm.ssd_recurrent(v, gates["delta"], gates["a"], k, q, initial_state=initial_state)
+    return ssm.ssd_chunkwise(v, gates["delta"], gates["a"], k, q, initial_state=initial_state,
+                             chunk_size=64 if chunk_size is None else chunk_size)
 
 
 def _ssd_backward(q, k, v, gates, d_out, *, scale=1.0, chunk_size=BACKWARD_CHUNK):

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import blocks as bl
+from . import kernels as kn
 from . import mixers
 from ._threads import one_blas_thread
 from ._validate import as_float_array, check_positive_int
@@ -135,11 +136,25 @@ def cross_entropy(logits, targets) -> float:
     of such positions. ``logits`` ``(..., V)``; ``targets`` ``(...)`` integers in
     ``[-1, V)``, ``-1`` where no answer is asked. Returns a float.
     """
+    return _cross_entropy(logits, targets, grad=False)[0]
+
+
+def _cross_entropy(logits, targets, *, grad=True):
+    """Check once; ``(loss, d_logits)`` from one log-softmax of the rows with a target (``d_logits`` None
+    unless ``grad``): what :func:`cross_entropy` and :func:`cross_entropy_backward` return."""
     z = as_float_array(logits, "logits")
     t = _targets(targets, z.shape)
     mask = t >= 0
     logp = _log_softmax(z[mask])
-    return float(-np.mean(logp[np.arange(logp.shape[0]), t[mask]]))
+    rows, answers = np.arange(logp.shape[0]), t[mask]
+    loss = float(-np.mean(logp[rows, answers]))
+    if not grad:
+        return loss, None
+    g = np.zeros_like(z)
+    p = np.exp(logp)
+    p[rows, answers] -= 1
+    g[mask] = p / mask.sum()
+    return loss, g
 
 
 def cross_entropy_backward(logits, targets):
@@ -148,14 +163,7 @@ def cross_entropy_backward(logits, targets):
     ``(softmax(z_t) - onehot(y_t)) / M`` at a position with a target, zero
     elsewhere. Same shape and dtype as ``logits``.
     """
-    z = as_float_array(logits, "logits")
-    t = _targets(targets, z.shape)
-    mask = t >= 0
-    g = np.zeros_like(z)
-    p = np.exp(_log_softmax(z[mask]))
-    p[np.arange(p.shape[0]), t[mask]] -= 1
-    g[mask] = p / mask.sum()
-    return g
+    return _cross_entropy(logits, targets)[1]
 
 
 # ---------------------------------------------------------------------------- Adam
@@ -377,12 +385,22 @@ def _mixer_forward(layer_id, p, L, config, u, zero_core=False):
     """One layer's token mixer on its normalised input ``u`` ``(B, T, d)``: projections, short
     convolutions, gates, the core (from the table :data:`fixedstate.mixers.MIXERS`), ``W_o``.
     With ``zero_core`` the core's output is replaced by zeros (the ablation of :func:`evaluate`).
-    Returns its output and what :func:`_mixer_backward` needs."""
+    Returns its output and what :func:`_mixer_backward` needs.
+
+    The parameters were checked by :func:`model_forward`; the projections, convolutions and
+    normalisations run the blocks' arithmetic (:mod:`fixedstate.kernels`, what
+    :func:`fixedstate.blocks.linear`, :func:`~fixedstate.blocks.short_conv` and
+    :func:`~fixedstate.blocks.l2_normalize` compute) without checking again, and keep what
+    the backward reuses."""
     entry = mixers.mixer(layer_id)
     s = {"u": u}
     for name in "qkv":
-        s["pre_" + name] = bl.linear(u, p[L + "W_" + name])
-        s[name], _ = bl.short_conv(s["pre_" + name], p[L + "conv_weight_" + name])
+        pre = u @ p[L + "W_" + name]                                    # bl.linear
+        w = p[L + "conv_weight_" + name]                                # bl.short_conv from a zero state:
+        s["padded_" + name] = np.concatenate(                           # K - 1 zeros, then the sequence
+            [np.zeros(pre.shape[:-2] + (w.shape[1] - 1, pre.shape[-1]), dtype=np.result_type(pre, w)), pre],
+            axis=-2)
+        s[name] = kn.conv_taps(w, s["padded_" + name], pre.shape[-2])
     gates, s["z"] = {}, {}
     for gate in entry.gates:
         if gate in _TOKEN_GATES:
@@ -393,27 +411,38 @@ def _mixer_forward(layer_id, p, L, config, u, zero_core=False):
             gates[gate] = -np.exp(p[L + _LAYER_GATES[gate]][0])
     s["gates"] = gates
     q, k = s["q"], s["k"]
-    if entry.normalize_qk:
-        q, k = bl.l2_normalize(q), bl.l2_normalize(k)
+    if entry.normalize_qk:                                              # bl.l2_normalize, its r kept
+        (q, s["r_q"]), (k, s["r_k"]) = kn.l2_normalize_parts(q, _L2_EPS), kn.l2_normalize_parts(k, _L2_EPS)
+    s["q_core"], s["k_core"] = q, k                                     # what the core read, for the backward
     scale = 1 / math.sqrt(q.shape[-1]) if layer_id in _SCALED else 1.0
     s["options"] = config.options(layer_id)
     s["o"], _ = entry.forward(q, k, s["v"], gates, scale=scale, chunk_size=config.chunk_size, **s["options"])
     if zero_core:
         s["o"] = np.zeros_like(s["o"])
-    return bl.linear(s["o"], p[L + "W_o"]), s
+    return s["o"] @ p[L + "W_o"], s
+
+
+_L2_EPS = 1e-6          # bl.l2_normalize's default eps, which the model uses
+
+
+def _backward_chunk(d):
+    """The chunk of the cores' chunkwise backward passes at width ``d`` (the gradients do not depend on it,
+    only the time and the rounding): 16 up to ``d = 32``, where the delta rules' backward in chunks of 16 took
+    0.4 to 0.8 times as long as in chunks of 32 (batch 64, T = 64 and 128, float32, one BLAS thread), and
+    mixers.BACKWARD_CHUNK (32) above, where 16 was no faster (d = 64) or slower (d = 128, T = 256)."""
+    return 16 if d <= 32 else mixers.BACKWARD_CHUNK
 
 
 def _mixer_backward(layer_id, p, L, s, d_m, grads):
     """The gradient of :func:`_mixer_forward` with respect to ``u``; the layer's weight gradients go to ``grads``."""
     entry = mixers.mixer(layer_id)
-    do, grads[L + "W_o"], _ = bl.linear_backward(s["o"], p[L + "W_o"], d_m)
-    q, k, v, gates = s["q"], s["k"], s["v"], s["gates"]
-    if entry.normalize_qk:
-        q, k = bl.l2_normalize(q), bl.l2_normalize(k)
+    do, grads[L + "W_o"] = kn.linear_grad(s["o"], p[L + "W_o"], d_m)          # bl.linear_backward
+    q, k, v, gates = s["q_core"], s["k_core"], s["v"], s["gates"]
     scale = 1 / math.sqrt(q.shape[-1]) if layer_id in _SCALED else 1.0
-    dq, dk, dv, d_gates = entry.backward(q, k, v, gates, do, scale=scale, **s["options"])
+    dq, dk, dv, d_gates = entry.backward(q, k, v, gates, do, scale=scale, chunk_size=_backward_chunk(q.shape[-1]),
+                                         **s["options"])
     if entry.normalize_qk:
-        dq, dk = bl.l2_normalize_backward(s["q"], dq), bl.l2_normalize_backward(s["k"], dk)
+        dq, dk = kn.l2_normalize_grad(q, s["r_q"], dq), kn.l2_normalize_grad(k, s["r_k"], dk)
     u = s["u"]
     du = np.zeros_like(u)
     for gate in reversed(entry.gates):
@@ -426,10 +455,11 @@ def _mixer_backward(layer_id, p, L, s, d_m, grads):
     for gate in entry.gates:
         if gate in _LAYER_GATES:                           # a = -exp(A_log): da/dA_log = a
             grads[L + _LAYER_GATES[gate]] = np.array([float(np.sum(d_gates[gate])) * gates[gate]])
-    for name, dconv in zip("qkv", (dq, dk, dv)):
-        dpre, grads[L + "conv_weight_" + name], _, _ = bl.short_conv_backward(
-            s["pre_" + name], p[L + "conv_weight_" + name], dconv)
-        dui, grads[L + "W_" + name], _ = bl.linear_backward(u, p[L + "W_" + name], dpre)
+    for name, dconv in zip("qkv", (dq, dk, dv)):                       # bl.short_conv_backward, bl.linear_backward
+        w = p[L + "conv_weight_" + name]
+        d_padded, grads[L + "conv_weight_" + name] = kn.conv_grad(w, s["padded_" + name], dconv, dconv.shape[-2])
+        dpre = np.ascontiguousarray(d_padded[..., w.shape[1] - 1:, :])
+        dui, grads[L + "W_" + name] = kn.linear_grad(u, p[L + "W_" + name], dpre)
         du = du + dui
     return du
 
@@ -449,6 +479,7 @@ def model_forward(params, config: ModelConfig, tokens, *, zero_cores=()):
     mixer writes nothing); for evaluation, not for training.
     """
     zero_cores = _layer_indices(zero_cores, len(config.layers))
+    params = _check_params(params, config)
     x = bl.embedding(tokens, params["embedding"])
     cache = {"tokens": tokens, "layers": []}
     for i, layer_id in enumerate(config.layers):
@@ -462,6 +493,42 @@ def model_forward(params, config: ModelConfig, tokens, *, zero_cores=()):
     cache["x_final"] = x
     cache["h_final"] = bl.rms_norm(x, params["norm_final"])
     return bl.linear(cache["h_final"], params["W_head"]), cache
+
+
+def param_shapes(config: ModelConfig) -> dict:
+    """The name and shape of every parameter of the model ``config`` describes, in :func:`init_model`'s order.
+
+    Internal (outside ``__all__``): :func:`model_forward` checks its ``params`` against it once per call.
+    """
+    d, V, K, F = config.d_model, config.vocab_size, config.conv_size, config.d_ff
+    shapes = {"embedding": (V, d)}
+    for i, layer_id in enumerate(config.layers):
+        L = f"layers.{i}."
+        shapes[L + "norm_mixer"] = (d,)
+        shapes.update({L + name: (d, d) for name in ("W_q", "W_k", "W_v")})
+        shapes.update({L + name: (d, K) for name in ("conv_weight_q", "conv_weight_k", "conv_weight_v")})
+        for gate in mixers.mixer(layer_id).gates:
+            if gate in _TOKEN_GATES:
+                shapes[L + _TOKEN_GATES[gate].weight] = (d,)
+                shapes[L + _TOKEN_GATES[gate].bias] = (1,)
+            else:
+                shapes[L + _LAYER_GATES[gate]] = (1,)
+        shapes.update({L + "W_o": (d, d), L + "norm_mlp": (d,), L + "W_1": (d, F), L + "W_2": (F, d)})
+    shapes.update({"norm_final": (d,), "W_head": (d, V)})
+    return shapes
+
+
+def _check_params(params, config) -> dict:
+    """Check once per pass what the model's blocks then run unchecked: every parameter present, a finite
+    float array of its shape. Returns them as arrays (a list becomes one, as the blocks' checks made it)."""
+    if not isinstance(params, dict):
+        raise ValueError(f"params: expected a dict name -> array (init_model's), got {type(params).__name__}")
+    checked = {}
+    for name, shape in param_shapes(config).items():
+        if name not in params:
+            raise ValueError(f"params: expected a parameter {name!r} for the {config.mixer!r} model, got none")
+        checked[name] = as_float_array(params[name], f"params[{name!r}]", shape=shape)
+    return checked
 
 
 def _layer_indices(indices, n_layers) -> frozenset:
@@ -482,6 +549,7 @@ def model_backward(params, config: ModelConfig, cache, d_logits) -> dict:
     :func:`fixedstate.blocks.residual_block_backward` and the mixer's backward
     pass (the table's, :data:`fixedstate.mixers.MIXERS`).
     """
+    params = _check_params(params, config)
     g = {}
     dh, g["W_head"], _ = bl.linear_backward(cache["h_final"], params["W_head"], d_logits)
     dx, g["norm_final"] = bl.rms_norm_backward(cache["x_final"], dh, params["norm_final"])
@@ -504,8 +572,8 @@ def model_backward(params, config: ModelConfig, cache, d_logits) -> dict:
 def loss_and_grads(params, config: ModelConfig, tokens, targets):
     """The cross-entropy of the model on a batch, and its gradient with respect to every parameter."""
     logits, cache = model_forward(params, config, tokens)
-    loss = cross_entropy(logits, targets)
-    return loss, model_backward(params, config, cache, cross_entropy_backward(logits, targets))
+    loss, d_logits = _cross_entropy(logits, targets)       # cross_entropy and cross_entropy_backward, in one
+    return loss, model_backward(params, config, cache, d_logits)
 
 
 # ---------------------------------------------------------------------------- data, training, evaluation
@@ -735,27 +803,22 @@ def swa_window(d_model) -> int:
 #
 # Budget (tools/mqar_calibrate.py; results/mqar_calibration.json; `tools/mqar_calibrate.py
 # --budget results/mqar_calibration.json` prints the table): one process, one BLAS thread,
-# batch 64, timed on the shared two-core machine while other sessions loaded it (load
-# average 8-24), so upper bounds, likely 2-5x an idle machine's. The model's forward took
-# 0.04-0.2 s at T = 64 and 0.08-0.8 s at T = 128 over the widths 8-64; a whole step, when
-# this was measured (before the chunkwise backward passes existed: the delta rule family,
-# linear attention and the SSD then ran their token-by-token backward), up to 25 s.
-# Assumed then, and still the assumption: the chunkwise backward passes bring a step to
-# three forwards (a backward about twice the forward). The model's backward now runs them
-# (fixedstate.mixers, chunks of BACKWARD_CHUNK), one sequential step per chunk instead of
-# per token, but the step has not been re-timed at these shapes, so the projection below
-# is not yet checked. The sweep is 7 x 4 x 3 = 84 tuning runs at T = 128 and
-# 7 x 4 x 5 = 140 runs at each length; one step of every run then costs 240 core-seconds
-# projected (1,114 as measured with the token-by-token backward), so 90 minutes on two
-# cores (10,800 core-seconds) buy 45 steps per run at those speeds, and the 150 steps below
-# take about 300 minutes projected (60-150 if an idle machine is 2-5x faster). The 150
+# batch 64, float32. A whole step (loss_and_grads, with the cores' chunkwise backward passes)
+# took 0.016-0.14 s at T = 64 and 0.03-0.29 s at T = 128 over the widths 8-64, about three
+# forwards, as the budget had assumed (re-timed 2026-12-02 on the shared two-core machine at a
+# load average of 0.7-2.1; the first calibration, at a load of 8-24 and with the token-by-token
+# backward passes of that time, had measured up to 7 s). The sweep is 7 x 4 x 3 = 84 tuning
+# runs at T = 128 and 7 x 4 x 5 = 140 runs at each length; one step of every run costs about
+# 35 core-seconds, so 90 minutes on two cores (10,800 core-seconds) buy about 300 steps per
+# run, and the 150 steps below take about 45 minutes (the training steps alone: not the
+# widened grids, the test sets' evaluation or a second worker's share of the cores). The 150
 # steps are what the pilots showed the smallest setting needs: softmax attention (d = 16,
 # batch 64, lr 3e-2) solves T = 32 with 8 pairs in 150 steps; at T = 128 with 32 pairs
 # (d = 32) it was still on the uniform-value plateau (loss ln 64) after 150 steps, as at
 # T = 64 with 16 pairs after 800 steps of batch 16. So the issue's minimums do not fit
 # 90 minutes on this machine at a number of steps that learns: what 90 minutes buy here is
 # the plateau, not the frontier. The sweep needs more cores (tools/mqar_sweep.py --engine
-# dask on a cluster) or a longer budget, and a re-timed step to size either, before it can
+# dask on a cluster) or a longer budget, sized with the step timed above, before it can
 # answer the question.
 RECALL_SWEEP = {
     "name": "recall",
