@@ -17,6 +17,7 @@ from _examples import examples
 from fixedstate import delta_rule as dr
 from fixedstate import layers as L
 from fixedstate import precision as pr
+from fixedstate import ssm
 from fixedstate.prose import max_relative_error
 
 
@@ -129,3 +130,125 @@ def test_read_dtype_only_with_the_chunkwise_form():
         pr.gated_delta_rule_mixed(q, k, v, beta=beta, log_gate=log_gate, form="recurrent", read_dtype=pr.BFLOAT16)
     with pytest.raises(ValueError, match="read_dtype"):
         pr.gated_delta_rule_mixed(q, k, v, beta=beta, log_gate=log_gate, read_dtype="int8")
+
+
+# --------------------------------------------------------------------------- the four cores, one driver
+#
+# Each case draws one core's inputs at a given decay strength (the log-decays per token are about
+# -strength), with leading axes `lead`, and names the mixed run, the float64 core it must reproduce,
+# and the inputs the core reads in float64 after the mixed run's rounding.
+
+CORES = ["gated_delta", "kda", "ssd", "selective"]
+
+
+def core_case(core, seed, T, strength, lead=(1,), d=6, N=5):
+    rng = np.random.default_rng(seed)
+    spread = rng.uniform(0.5, 1.5, lead + (T,))
+    if core in ("gated_delta", "kda"):
+        q, k = rng.standard_normal((2,) + lead + (T, d))
+        q /= np.linalg.norm(q, axis=-1, keepdims=True)
+        k /= np.linalg.norm(k, axis=-1, keepdims=True)
+        v = rng.standard_normal(lead + (T, d))
+        beta = rng.uniform(0.1, 0.9, lead + (T,))
+        log_gate = -strength * (spread if core == "gated_delta" else rng.uniform(0.5, 1.5, lead + (T, d)))
+        mixed = pr.gated_delta_rule_mixed if core == "gated_delta" else pr.kda_mixed
+        exact = dr.gated_delta_rule_recurrent if core == "gated_delta" else dr.kda_recurrent
+        return (mixed, exact, (q, k, v), dict(beta=beta, log_gate=log_gate, scale=0.5),
+                lambda r: ((r(q), r(k), r(v)), dict(beta=r(beta), log_gate=log_gate, scale=0.5)))
+    x = rng.standard_normal(lead + (T, d))
+    B, C = rng.standard_normal((2,) + lead + (T, N))
+    if core == "ssd":
+        a = -rng.uniform(0.5, 1.5, lead)                      # one a per head
+        delta = strength * spread                             # log g = a delta, about -strength
+        D = rng.standard_normal(lead)
+        return (pr.ssd_mixed, ssm.ssd_recurrent, (x, delta, a, B, C), dict(D=D),
+                lambda r: ((r(x), delta, a, r(B), r(C)), dict(D=D)))
+    A = -rng.uniform(0.5, 1.5, (d, N))
+    delta = strength * rng.uniform(0.5, 1.5, lead + (T, d))
+    D = rng.standard_normal(d)
+    return (pr.selective_scan_mixed, ssm.selective_scan_sequential, (x, delta, A, B, C), dict(D=D),
+            lambda r: ((r(x), delta, A, r(B), r(C)), dict(D=D)))
+
+
+def rounded_reference(core, seed, T, strength, **shape):
+    """The float64 core on the mixed run's stored inputs (bfloat16 values; gates through float32)."""
+    _, exact, _, _, stored = core_case(core, seed, T, strength, **shape)
+    args, kwargs = stored(lambda a: pr.round_to(a).astype(np.float64))
+    if "log_gate" in kwargs:
+        kwargs["log_gate"] = kwargs["log_gate"].astype(np.float32).astype(np.float64)
+    else:                                                  # delta and the decay rates through float32
+        args = tuple(a if i not in (1, 2) else np.asarray(a, np.float32).astype(np.float64)
+                     for i, a in enumerate(args))
+        kwargs = {"D": np.asarray(kwargs["D"], np.float32).astype(np.float64)}
+    return exact(*args, **kwargs)
+
+
+F64 = dict(io_dtype=np.float64, state_dtype=np.float64, compute_dtype=np.float64)
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("form", ["recurrent", "chunkwise"])
+@given(seed=st.integers(0, 2 ** 16), T=st.integers(1, 40), chunk=st.integers(1, 12),
+       lead=st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple), strength=st.floats(1e-3, 3.0))
+@examples(12)
+def test_in_float64_every_mixed_run_is_its_float64_core(core, form, seed, T, chunk, lead, strength):
+    mixed, exact, args, kwargs, _ = core_case(core, seed, T, strength, lead=lead)
+    o, S = mixed(*args, **kwargs, form=form, chunk_size=chunk, **F64)
+    ref, S_ref = exact(*args, **kwargs)
+    assert o.dtype == S.dtype == np.float64 and o.shape == ref.shape and S.shape == S_ref.shape
+    assert max_relative_error(o, ref) < 1e-12 and max_relative_error(S, S_ref) < 1e-12
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("form", ["recurrent", "chunkwise"])
+@given(seed=st.integers(0, 2 ** 16), T=st.integers(1, 70), chunk=st.integers(1, 20), strength=st.floats(1e-3, 3.0))
+@examples(10)
+def test_a_float32_state_stays_within_float32_rounding_of_float64_on_the_rounded_inputs(core, form, seed, T, chunk,
+                                                                                        strength):
+    mixed, _, args, kwargs, _ = core_case(core, seed, T, strength)
+    o, S = mixed(*args, **kwargs, form=form, chunk_size=chunk)
+    assert o.dtype == S.dtype == np.float32
+    ref, S_ref = rounded_reference(core, seed, T, strength)
+    assert max_relative_error(o, ref) < 1e-5 and max_relative_error(S, S_ref) < 1e-5
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("form", ["recurrent", "chunkwise"])
+def test_with_weak_decays_a_bfloat16_state_is_orders_of_magnitude_worse(core, form):
+    mixed, _, args, kwargs, _ = core_case(core, 3, 300, 1e-3)
+    ref, _ = rounded_reference(core, 3, 300, 1e-3)
+    err = {s: max_relative_error(mixed(*args, **kwargs, form=form, chunk_size=16, state_dtype=s)[0], ref)
+           for s in (np.float32, pr.BFLOAT16)}
+    assert err[np.float32] < 1e-5 and err[pr.BFLOAT16] > 100 * err[np.float32]
+
+
+@pytest.mark.parametrize("core", CORES)
+@given(seed=st.integers(0, 2 ** 16), T=st.integers(1, 50), chunk=st.integers(1, 12))
+@examples(8)
+def test_every_core_reads_bfloat16_chunk_states_without_touching_the_carry(core, seed, T, chunk):
+    mixed, _, args, kwargs, _ = core_case(core, seed, T, 0.05)
+    o32, S32 = mixed(*args, **kwargs, chunk_size=chunk)
+    o_rd, S_rd = mixed(*args, **kwargs, chunk_size=chunk, read_dtype=pr.BFLOAT16)
+    assert np.array_equal(S_rd, S32) and np.array_equal(o_rd[..., :chunk, :], o32[..., :chunk, :])
+    assert 0 < max_relative_error(o_rd, o32) < 2.0 ** -8 * 8 or T <= chunk
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_the_mixed_runs_refuse_bad_input_naming_it(core):
+    mixed, _, args, kwargs, _ = core_case(core, 0, 6, 0.1)
+    with pytest.raises(ValueError, match="compute_dtype"):
+        mixed(*args, **kwargs, compute_dtype=pr.BFLOAT16)
+    with pytest.raises(ValueError, match="io_dtype"):
+        mixed(*args, **kwargs, io_dtype=np.float16)
+    with pytest.raises(ValueError, match="form"):
+        mixed(*args, **kwargs, form="parallel")
+    with pytest.raises(ValueError, match="chunk_size"):
+        mixed(*args, **kwargs, chunk_size=0)
+    with pytest.raises(ValueError, match="read_dtype"):
+        mixed(*args, **kwargs, form="recurrent", read_dtype=pr.BFLOAT16)
+    short = (args[0][..., :5, :],) + tuple(args[1:])                 # one input a token short
+    with pytest.raises(ValueError, match="T >= 1"):
+        mixed(*short, **kwargs)
+    empty = tuple(np.asarray(a)[..., :0, :] if np.ndim(a) >= 2 and np.shape(a)[-2] == 6 else a for a in args)
+    with pytest.raises(ValueError, match="T >= 1"):
+        mixed(*empty, **kwargs)
