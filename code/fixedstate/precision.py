@@ -164,6 +164,22 @@ def _delta_mixed(recurrent, chunkwise, q, k, v, beta, log_gate, gate_axis, scale
     return _drive(run, T, 1 if form == "recurrent" else chunk_size, st, rd, cd)
 
 
+def _state_space_mixed(core, x, delta, decay, B, C, D, delta_axis, options, form):
+    io, st, rd, cd, chunk_size = options
+    x, B, C = (_stored(m, name, io, cd) for m, name in ((x, "x"), (B, "B"), (C, "C")))
+    delta = as_float_array(delta, "delta").astype(cd)
+    rate = as_float_array(decay[0], decay[1]).astype(cd)
+    D = None if D is None else as_float_array(D, "D").astype(cd)
+    T = _tokens(("x", x, -2), ("delta", delta, delta_axis), ("B", B, -2), ("C", C, -2))
+
+    def run(s, e, state):
+        extra = {"chunk_size": e - s} if core is ssm.ssd_chunkwise else {}
+        return core(_piece(x, -2, s, e), _piece(delta, delta_axis, s, e), rate, _piece(B, -2, s, e),
+                    _piece(C, -2, s, e), D=D, initial_state=state, **extra)
+
+    return _drive(run, T, 1 if form == "recurrent" else chunk_size, st, rd, cd)
+
+
 # --------------------------------------------------------------------------- the four cores
 
 def gated_delta_rule_mixed(q, k, v, *, beta, log_gate, scale=1.0, form="chunkwise", chunk_size=64,
@@ -217,20 +233,9 @@ def ssd_mixed(x, delta, a, B, C, *, D=None, form="chunkwise", chunk_size=64, io_
     stored state); ``read_dtype`` as in :func:`gated_delta_rule_mixed`. Returns
     ``(y, final_state)`` in ``compute_dtype``.
     """
-    io, st, rd, cd, chunk_size = _options(form, chunk_size, io_dtype, state_dtype, read_dtype, compute_dtype)
-    x, B, C = (_stored(m, name, io, cd) for m, name in ((x, "x"), (B, "B"), (C, "C")))
-    delta = as_float_array(delta, "delta").astype(cd)
-    a = as_float_array(a, "a").astype(cd)
-    D = None if D is None else as_float_array(D, "D").astype(cd)
-    T = _tokens(("x", x, -2), ("delta", delta, -1), ("B", B, -2), ("C", C, -2))
+    options = _options(form, chunk_size, io_dtype, state_dtype, read_dtype, compute_dtype)
     core = ssm.ssd_recurrent if form == "recurrent" else ssm.ssd_chunkwise
-
-    def run(s, e, state):
-        extra = {} if form == "recurrent" else {"chunk_size": e - s}
-        return core(_piece(x, -2, s, e), _piece(delta, -1, s, e), a, _piece(B, -2, s, e), _piece(C, -2, s, e),
-                    D=D, initial_state=state, **extra)
-
-    return _drive(run, T, 1 if form == "recurrent" else chunk_size, st, rd, cd)
+    return _state_space_mixed(core, x, delta, (a, "a"), B, C, D, -1, options, form)
 
 
 def selective_scan_mixed(x, delta, A, B, C, *, D=None, form="chunkwise", chunk_size=64, io_dtype=BFLOAT16,
@@ -249,16 +254,6 @@ def selective_scan_mixed(x, delta, A, B, C, *, D=None, form="chunkwise", chunk_s
     between chunks in float32. ``read_dtype`` as in :func:`gated_delta_rule_mixed`.
     Returns ``(y, final_state)`` in ``compute_dtype``.
     """
-    io, st, rd, cd, chunk_size = _options(form, chunk_size, io_dtype, state_dtype, read_dtype, compute_dtype)
-    x, B, C = (_stored(m, name, io, cd) for m, name in ((x, "x"), (B, "B"), (C, "C")))
-    delta = as_float_array(delta, "delta").astype(cd)
-    A = as_float_array(A, "A").astype(cd)
-    D = None if D is None else as_float_array(D, "D").astype(cd)
-    T = _tokens(("x", x, -2), ("delta", delta, -2), ("B", B, -2), ("C", C, -2))
+    options = _options(form, chunk_size, io_dtype, state_dtype, read_dtype, compute_dtype)
     core = ssm.selective_scan_sequential if form == "recurrent" else ssm.selective_scan_parallel
-
-    def run(s, e, state):
-        return core(_piece(x, -2, s, e), _piece(delta, -2, s, e), A, _piece(B, -2, s, e), _piece(C, -2, s, e),
-                    D=D, initial_state=state)
-
-    return _drive(run, T, 1 if form == "recurrent" else chunk_size, st, rd, cd)
+    return _state_space_mixed(core, x, delta, (A, "A"), B, C, D, -2, options, form)
