@@ -186,6 +186,13 @@ def rounded_reference(core, seed, T, strength, **shape):
 F64 = dict(io_dtype=np.float64, state_dtype=np.float64, compute_dtype=np.float64)
 
 
+def output_error(o, ref, S_ref):
+    """``|o - ref|`` relative to the larger of the outputs and the final state: an output reads the state
+    (``S^T q``, ``S^T C``), so its rounding error scales with the state even where cancellation in the
+    read makes the output itself small (one token whose key nearly misses the query)."""
+    return float(np.max(np.abs(o - ref))) / max(float(np.max(np.abs(ref))), float(np.max(np.abs(S_ref))))
+
+
 @pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize("form", ["recurrent", "chunkwise"])
 @given(seed=st.integers(0, 2 ** 16), T=st.integers(1, 40), chunk=st.integers(1, 12),
@@ -196,7 +203,7 @@ def test_in_float64_every_mixed_run_is_its_float64_core(core, form, seed, T, chu
     o, S = mixed(*args, **kwargs, form=form, chunk_size=chunk, **F64)
     ref, S_ref = exact(*args, **kwargs)
     assert o.dtype == S.dtype == np.float64 and o.shape == ref.shape and S.shape == S_ref.shape
-    assert max_relative_error(o, ref) < 1e-12 and max_relative_error(S, S_ref) < 1e-12
+    assert output_error(o, ref, S_ref) < 1e-12 and max_relative_error(S, S_ref) < 1e-12
 
 
 @pytest.mark.parametrize("core", CORES)
@@ -209,7 +216,7 @@ def test_a_float32_state_stays_within_float32_rounding_of_float64_on_the_rounded
     o, S = mixed(*args, **kwargs, form=form, chunk_size=chunk)
     assert o.dtype == S.dtype == np.float32
     ref, S_ref = rounded_reference(core, seed, T, strength)
-    assert max_relative_error(o, ref) < 1e-5 and max_relative_error(S, S_ref) < 1e-5
+    assert output_error(o, ref, S_ref) < 1e-5 and max_relative_error(S, S_ref) < 1e-5
 
 
 @pytest.mark.parametrize("core", CORES)
