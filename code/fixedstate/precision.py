@@ -226,7 +226,7 @@ def ssd_mixed(x, delta, a, B, C, *, D=None, form="chunkwise", chunk_size=64, io_
     ``(..., T)`` positive, ``a <= 0`` a scalar per head, ``B``, ``C`` ``(..., T, N)``,
     ``D`` (default 0). ``x``, ``B`` and ``C`` are rounded to ``io_dtype``; ``delta``,
     ``a`` and ``D`` are taken in ``compute_dtype`` unrounded (the step and the decay are
-    computed in float32, and ``mamba_ssm`` reads ``D`` in float32). The state ``(..., N, P)``
+    computed in float32; ``D``, a parameter, is the caller's to round). The state ``(..., N, P)``
     is stored in ``state_dtype`` after every token (``form="recurrent"``,
     :func:`fixedstate.ssm.ssd_recurrent` on one token) or after every chunk
     (``form="chunkwise"``, :func:`fixedstate.ssm.ssd_chunkwise` on one chunk from the
