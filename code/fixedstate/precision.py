@@ -19,15 +19,28 @@ says so.
   state stored between tokens (``form="recurrent"``) or between chunks
   (``form="chunkwise"``) in a type of the caller's choice: float32, as the kernels carry
   it, or bfloat16, to show what accumulating in it does; and, in the chunkwise form, the
-  per-chunk states the output reads stored in another type (``read_dtype``).
-  flash-linear-attention's chunkwise forward carries the state from chunk to chunk in
-  float32 but stores the per-chunk states its output pass reads in the input dtype
-  (bfloat16), and only the final state in float32: that scheme is
-  ``state_dtype=float32, read_dtype=BFLOAT16``.
+  per-chunk states stored in another type (``read_dtype``), as the libraries' chunked
+  kernels store them. What ``read_dtype`` rounds follows the library of each core:
+
+  * the delta-rule cores (flash-linear-attention's ``fla/ops/common/chunk_delta_h.py``,
+    which its Gated DeltaNet and KDA call): the state is carried in float32 but stored
+    per chunk in the input dtype, and that stored state is what both the output pass and
+    the carry's own correction read (``v_new = u - w h`` with ``h`` cast to bfloat16); the
+    corrected values ``v_new`` are rounded too, once as the output pass reads them and once
+    (for the scalar gate after their decay to the chunk's end) as the carry adds them. So
+    the rounding reaches the float32 carry;
+  * Mamba-2's SSD (``mamba_ssm``'s ``_state_passing_fwd``): the carry stays float32 and
+    only the per-chunk states the output reads are rounded; the same for the selective
+    scan, whose kernel in fact stores them in float32.
+
+  The rest of those kernels' bfloat16 intermediates (``w``, ``u``, the inverted
+  triangular matrix, KDA's decayed keys, the attention scores, the outputs) stay in the compute type here.
 
 All four share one driver: it cuts the sequence into pieces (one token, or one chunk),
 runs the core's own public form on each piece from the stored state, and stores the
-state it hands on. With every type float64 (``compute_dtype`` too) the driver is the
+state it hands on. The delta-rule cores with ``read_dtype`` run their own loop over the
+chunks instead, on the UT transform of :mod:`fixedstate.kernels`, because the rounding
+sits inside a chunk. With every type float64 (``compute_dtype`` too) each is the
 float64 core, which is what the tests check first.
 """
 
@@ -39,6 +52,7 @@ import numpy as np
 from . import delta_rule as dr
 from . import ssm
 from ._validate import as_float_array, check_positive_int
+from .kernels import kda_prep, matmul, scalar_prep, split_chunks
 
 __all__ = ["BFLOAT16", "round_to", "round_params", "gated_delta_rule_mixed", "kda_mixed", "ssd_mixed",
            "selective_scan_mixed"]
@@ -76,8 +90,9 @@ def round_to(x, dtype=BFLOAT16) -> np.ndarray:
 def round_params(params, dtype=BFLOAT16) -> dict:
     """A layer's parameters (``fixedstate.layers.init_*``) with every array rounded to ``dtype``, held in float32.
 
-    ``A_log`` and ``dt_bias`` stay float32 unrounded: the released checkpoints and the
-    libraries keep the gate parameters in float32 (Qwen3.5 ships ``A_log`` in float32).
+    ``A_log`` stays float32 unrounded, as Qwen3.5's checkpoint ships it; ``dt_bias`` is
+    rounded like the weights (``transformers``' Qwen3-Next, for one, names no
+    ``_keep_in_fp32_modules`` that would keep it in float32).
     """
     if not isinstance(params, dict) or "config" not in params:
         raise ValueError(f"params: expected a layer's params dict (from fixedstate.layers.init_*), got "
@@ -86,7 +101,7 @@ def round_params(params, dtype=BFLOAT16) -> dict:
     out = {"config": params["config"]}
     for name, a in params.items():
         if name != "config":
-            out[name] = (as_float_array(a, f"params[{name!r}]").astype(np.float32) if name in ("A_log", "dt_bias")
+            out[name] = (as_float_array(a, f"params[{name!r}]").astype(np.float32) if name == "A_log"
                          else round_to(a, dt))
     return out
 
@@ -132,8 +147,9 @@ def _piece(a, axis, s, e):
 def _drive(run, T, step, st, rd, cd):
     """Run a core piece by piece (``step`` tokens each): ``run(s, e, state) -> (outputs, state)``.
 
-    The state handed on is stored in ``st`` after every piece; with ``rd``, each piece's
-    outputs are recomputed from the incoming state stored in ``rd``, the carry untouched.
+    The state handed on is stored in ``st`` after every piece; with ``rd`` (the state-space
+    cores), each piece's outputs are recomputed from the incoming state stored in ``rd``,
+    the carry untouched.
     Returns the outputs, concatenated along axis -2, and the final state, in ``cd``.
     """
     state, outputs = None, []
@@ -147,11 +163,66 @@ def _drive(run, T, step, st, rd, cd):
     return np.concatenate(outputs, axis=-2), state
 
 
+def _stored_chunks(q, k, v, beta, log_gate, scale, channelwise, st, rd, cd, chunk_size):
+    """The delta rule's chunkwise form with flash-linear-attention's stored intermediates in ``rd``.
+
+    ``eq-dr-ut``, ``eq-dr-chunk-out``, ``eq-dr-chunk-state`` for every chunk (the UT
+    transform and the decays from :func:`fixedstate.kernels.scalar_prep` or
+    :func:`fixedstate.kernels.kda_prep`, for all chunks at once), then the state carried
+    from chunk to chunk as ``chunk_delta_h.py`` carries it: the incoming state ``S``
+    (float32) is stored in ``rd`` as ``S_r``; the corrected values are ``U = U~ - W S_r``;
+    the outputs read ``Gamma Q S_r + (QK^T . D) rd(U)``; the carry becomes
+    ``gamma_C S + K^T rd(e^{b_C - b} U)`` (scalar gate) or ``gamma_C S + (e^{b_C - b} K)^T
+    rd(U)`` (KDA), stored in ``st``. Arrays as the public forms take them, already in
+    ``cd``; returns ``(outputs, final_state)``.
+    """
+    gate_core = (-2, -1) if channelwise else (-1,)
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], beta.shape[:-1],
+                               log_gate.shape[:len(log_gate.shape) - len(gate_core)])
+    T, d_k, d_v = q.shape[-2], k.shape[-1], v.shape[-1]
+    merged = lambda a, tail: np.broadcast_to(a, lead + tail).reshape((-1,) + tail)
+    q, k, v, beta = merged(q, (T, d_k)), merged(k, (T, d_k)), merged(v, (T, d_v)), merged(beta, (T,))
+    alpha = np.exp(merged(log_gate, (T, d_k) if channelwise else (T,)))      # per-token decays, exponents <= 0
+    chunks = lambda a, fill=0.0: split_chunks(a, fill, chunk_size=chunk_size)  # (B, n, C2, ...), padding inert
+    qc, kc, vc, bc, ac = chunks(q), chunks(k), chunks(v), chunks(beta)[..., None], chunks(alpha, 1.0)
+    B, n, C2 = qc.shape[:3]
+    qm, km, vm, bm, am = (a.reshape((B * n,) + a.shape[2:]) for a in (qc, kc, vc, bc, ac))
+    if channelwise:
+        qk, ut, gamma, to_end = kda_prep(qm, km, bm, am)
+        u_free, w = matmul(ut, vm * bm), matmul(ut, km * (gamma * bm))       # eq-dr-ut: U~ and W
+    else:
+        decay, (ut_beta, ut_beta_gamma), gamma, to_end = scalar_prep(km, bm, am)
+        qk = matmul(qm, km.swapaxes(-1, -2))
+        qk *= decay
+        u_free, w = matmul(ut_beta, vm), matmul(ut_beta_gamma, km)
+    split = lambda a: a.reshape((B, n) + a.shape[1:])
+    qk, u_free, w, q_read, to_end, k_t = map(split, (qk, u_free, w, qm * gamma, to_end, km.swapaxes(-1, -2)))
+    decay_last = split(gamma[:, -1, :, None])                                 # (B, n, 1 or d_k, 1)
+    rounded = lambda a: a.astype(rd).astype(cd)
+    S = np.zeros((B, d_k, d_v), dtype=cd)
+    out = np.empty((B, n, C2, d_v), dtype=cd)
+    for j in range(n):
+        S_read = rounded(S)                                                   # the stored per-chunk state
+        U = u_free[:, j] - matmul(w[:, j], S_read)                           # v_new = u - w h, h in rd
+        out[:, j] = matmul(q_read[:, j], S_read) + matmul(qk[:, j], rounded(U))    # eq-dr-chunk-out
+        if channelwise:                                                      # eq-dr-chunk-state, adding rd(v_new)
+            write = matmul((k_t[:, j] * to_end[:, j].swapaxes(-1, -2)), rounded(U))
+        else:
+            write = matmul(k_t[:, j], rounded(to_end[:, j] * U))
+        S = (decay_last[:, j] * S + write).astype(st).astype(cd)
+    outputs = out[:, :, :chunk_size].reshape(B, -1, d_v)[:, :T]
+    if scale != 1.0:
+        outputs = outputs * cd.type(scale)
+    return outputs.reshape(lead + (T, d_v)), S.reshape(lead + (d_k, d_v))
+
+
 def _delta_mixed(recurrent, chunkwise, q, k, v, beta, log_gate, gate_axis, scale, options, form):
     io, st, rd, cd, chunk_size = options
     q, k, v, beta = (_stored(a, name, io, cd) for a, name in ((q, "q"), (k, "k"), (v, "v"), (beta, "beta")))
     log_gate = as_float_array(log_gate, "log_gate").astype(cd)
     T = _tokens(("q", q, -2), ("k", k, -2), ("v", v, -2), ("beta", beta, -1), ("log_gate", log_gate, gate_axis))
+    if rd is not None:                        # flash-linear-attention's stored intermediates (chunkwise form only)
+        return _stored_chunks(q, k, v, beta, log_gate, scale, gate_axis == -2, st, rd, cd, chunk_size)
 
     def run(s, e, state):
         qkv = (_piece(q, -2, s, e), _piece(k, -2, s, e), _piece(v, -2, s, e))
@@ -194,9 +265,11 @@ def gated_delta_rule_mixed(q, k, v, *, beta, log_gate, scale=1.0, form="chunkwis
     token) or after every chunk of ``chunk_size`` tokens (``form="chunkwise"``, each chunk
     the chunkwise form from the stored state).
     ``read_dtype`` (chunkwise form only; ``None``: no rounding beyond ``state_dtype``)
-    rounds the state each chunk's *output* reads, while the state carried to the next
-    chunk is the unrounded one: the carry in float32 and the stored per-chunk states in
-    bfloat16, as flash-linear-attention's chunkwise forward keeps them.
+    is the type of flash-linear-attention's stored intermediates (``chunk_delta_h.py``):
+    each chunk's incoming state is stored in it, and both the chunk's outputs and the
+    carry's correction ``v_new = u - w h`` read that stored state; ``v_new`` is rounded
+    to it as the outputs read it and, after its decay to the chunk's end, as the carry
+    adds it. The carry itself stays in ``state_dtype`` (float32), but the rounding reaches it.
 
     Returns ``(outputs, final_state)`` in ``compute_dtype``, the outputs before any
     rounding of their own, so that what is measured is the arithmetic and the state's storage.
@@ -230,8 +303,11 @@ def ssd_mixed(x, delta, a, B, C, *, D=None, form="chunkwise", chunk_size=64, io_
     is stored in ``state_dtype`` after every token (``form="recurrent"``,
     :func:`fixedstate.ssm.ssd_recurrent` on one token) or after every chunk
     (``form="chunkwise"``, :func:`fixedstate.ssm.ssd_chunkwise` on one chunk from the
-    stored state); ``read_dtype`` as in :func:`gated_delta_rule_mixed`. Returns
-    ``(y, final_state)`` in ``compute_dtype``.
+    stored state). ``read_dtype`` (chunkwise form only) rounds the per-chunk states the
+    outputs read and nothing else, the carry untouched: ``mamba_ssm``'s state passing
+    carries the state in float32 and writes the per-chunk states in ``out_dtype``
+    (``state_dtype`` if given, else the dtype of ``C``). Returns ``(y, final_state)`` in
+    ``compute_dtype``.
     """
     options = _options(form, chunk_size, io_dtype, state_dtype, read_dtype, compute_dtype)
     core = ssm.ssd_recurrent if form == "recurrent" else ssm.ssd_chunkwise
@@ -251,8 +327,8 @@ def selective_scan_mixed(x, delta, A, B, C, *, D=None, form="chunkwise", chunk_s
     (``form="chunkwise"``: :func:`fixedstate.ssm.selective_scan_parallel`, the parallel
     scan, over each chunk from the stored state). ``mamba_ssm``'s CUDA kernel works this
     way with chunks of up to 2,048 tokens, a scan inside each in float32, and the state
-    between chunks in float32. ``read_dtype`` as in :func:`gated_delta_rule_mixed`.
-    Returns ``(y, final_state)`` in ``compute_dtype``.
+    between chunks in float32. ``read_dtype`` as in :func:`ssd_mixed` (the kernel itself
+    saves its chunk states in float32). Returns ``(y, final_state)`` in ``compute_dtype``.
     """
     options = _options(form, chunk_size, io_dtype, state_dtype, read_dtype, compute_dtype)
     core = ssm.selective_scan_sequential if form == "recurrent" else ssm.selective_scan_parallel
