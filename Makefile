@@ -258,10 +258,12 @@ clean:
 	rm -rf _build
 
 # Chapter 9's recall-against-state sweep (issue 30; fixedstate.training.RECALL_SWEEP): seven mixers x four
-# widths x two lengths x five seeds after a tuning stage, on every local core (tools/mqar_sweep.py; add
+# widths x five seeds after a tuning stage, each run trained on a mixture of lengths (T = 32, 64, 128, one
+# batch per step in turn, as Zoology trains) and tested at each; on every local core (tools/mqar_sweep.py; add
 # SWEEP_ARGS="--engine dask --scheduler tcp://host:8786" for a dask.distributed cluster, or "--engine dask
 # --workers N" for a local one). Resumes from its store (_build/sweeps/) if stopped. Writes
-# results/mqar_recall.json. experiment-quick: the subset RECALL_QUICK, a few minutes; results/mqar_quick.json.
+# results/mqar_recall.json. experiment-quick: the subset RECALL_QUICK (three mixers, two widths, T = 16 and
+# 32), under 10 minutes on two cores; results/mqar_quick.json.
 SWEEP_ARGS ?=
 .PHONY: experiment experiment-quick experiment-small
 experiment: $(STAMP)

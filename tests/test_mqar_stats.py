@@ -88,3 +88,43 @@ def test_widen_grid_continues_the_geometric_grid():
     for args, name in ((((1e-3,), "high"), "grid"), (((1e-3, 1e-2), "middle"), "where")):
         with pytest.raises(ValueError, match=name):
             ms.widen_grid(*args)
+
+
+def _mrec(lr, accs, loss=1.0, diverged=False):
+    """A tuning record of a run tested at several lengths: ``accs`` maps the length (a string, as JSON) to accuracy."""
+    return {"lr": lr, "test_accuracy": None if diverged else accs, "final_loss": None if diverged else loss,
+            "diverged": diverged}
+
+
+def test_choose_lr_on_runs_tested_at_several_lengths_reads_the_longest_then_the_mean_then_the_loss():
+    # the longest length decides, whatever the shorter ones say
+    grid = [_mrec(1e-3, {"32": 1.0, "128": 0.5}), _mrec(3e-3, {"32": 0.1, "128": 0.6}),
+            _mrec(1e-2, {"32": 0.9, "128": 0.55})]
+    assert ms.choose_lr(grid) == (3e-3, "inside")
+    # the longest is the largest number, not the last key nor the largest string ("64" > "128" as strings)
+    grid = [_mrec(1e-3, {"128": 0.2, "64": 0.9}), _mrec(3e-3, {"128": 0.3, "64": 0.1}),
+            _mrec(1e-2, {"128": 0.25, "64": 1.0})]
+    assert ms.choose_lr(grid) == (3e-3, "inside")
+    assert ms.choose_lr(grid, at=64) == (1e-2, "high")
+    # a tie at the longest goes to the higher mean over the lengths, then to the lower final loss
+    grid = [_mrec(1e-3, {"32": 0.7, "128": 0.5}), _mrec(3e-3, {"32": 0.9, "128": 0.5}, loss=2.0),
+            _mrec(1e-2, {"32": 0.9, "128": 0.5}, loss=1.5)]
+    assert ms.choose_lr(grid) == (1e-2, "high")
+    grid[2]["final_loss"] = 2.5
+    assert ms.choose_lr(grid) == (3e-3, "inside")
+    # int keys as a run holds them in memory, diverged runs last
+    grid = [_mrec(1e-3, {32: 0.1, 128: 0.1}), _mrec(3e-3, None, diverged=True), _mrec(1e-2, {32: 0.2, 128: 0.1})]
+    assert ms.choose_lr(grid) == (1e-2, "high")
+
+
+def test_choose_lr_refuses_mixed_lengths_and_a_length_not_tested():
+    grid = [_mrec(1e-3, {"32": 0.1, "128": 0.2}), _mrec(3e-3, {"32": 0.1, "64": 0.2}),
+            _mrec(1e-2, {"32": 0.1, "128": 0.2})]
+    with pytest.raises(ValueError, match="records"):
+        ms.choose_lr(grid)
+    with pytest.raises(ValueError, match="records"):
+        ms.choose_lr([_rec(1e-3, 0.2), _mrec(3e-3, {"32": 0.5}), _rec(1e-2, 0.9)])
+    with pytest.raises(ValueError, match="at"):
+        ms.choose_lr([_mrec(lr, {"32": 0.1, "128": 0.2}) for lr in (1e-3, 3e-3, 1e-2)], at=64)
+    with pytest.raises(ValueError, match="at"):
+        ms.choose_lr([_rec(lr, 0.2) for lr in (1e-3, 3e-3, 1e-2)], at=64)

@@ -1,24 +1,26 @@
 """Measure what one training step of chapter 9's model costs, per mixer, width and length (the sweep's budget).
 
-    .venv/bin/python tools/mqar_calibrate.py [--seq-lens 64 128] [--d-models 8 16 32 64] [--out FILE]
-    .venv/bin/python tools/mqar_calibrate.py --budget results/mqar_calibration.json   # the budget table only
+    .venv/bin/python tools/mqar_calibrate.py [--d-models 8 64] [--out FILE]
+    .venv/bin/python tools/mqar_calibrate.py --budget FILE     # the budget table of RECALL_SWEEP from FILE
 
-For every mixer, sequence length and width it times, in this one process with one
-BLAS thread (the sweep's workers run that way, one per core):
+For every mixer, training length of ``fixedstate.training.RECALL_SWEEP`` (its
+``train_lengths``: sequence length and pairs) and width it times, in this one
+process with one BLAS thread (the sweep's workers run that way, one per core),
+at the sweep's batch size and vocabulary:
 
-- ``step``: one training step as the package runs it today (``loss_and_grads``: the
-  model's forward and backward with the mixers' backward passes as they stand);
-- ``forward``: the model's forward alone (``model_forward``, the cores' chunked or
-  matrix forms where the table uses them).
+- ``step``: one training step (``loss_and_grads``: the model's forward and its
+  backward, the cores' chunkwise backward passes where the mixer table uses them);
+- ``forward``: the model's forward alone (``model_forward``).
 
-and prints the seconds per step, with ``projected = 3 x forward``: the cost of a step
-once every core has a backward about twice its forward (the assumption the budget of
-``fixedstate.training.RECALL_SWEEP`` makes for the chunkwise backward passes). Each
-time is the median wall-clock time of ``--reps`` calls after one warm-up call; beside
-it, ``step_cpu`` and ``forward_cpu`` are the least CPU time of those calls (best of N:
-the process's own time, which other programs on a shared machine disturb less than the
-wall clock). The machine's other load makes them upper bounds. ``--dtype`` is the
-parameters' (float32, the sweep's, or float64). ``--out`` writes them as JSON.
+Each time is the median wall-clock time of ``--reps`` calls after one warm-up call;
+beside it, ``step_cpu`` and ``forward_cpu`` are the least CPU time of those calls
+(best of N: the process's own time, which other programs on a shared machine
+disturb less than the wall clock). The machine's other load makes them upper
+bounds. ``--dtype`` is the parameters' (float32, the sweep's, or float64).
+``--out`` writes them as JSON. A run of the sweep cycles through the training
+lengths one batch per step, so its seconds per step are the mean of ``step`` over
+them (:func:`budget`); the test stage (a forward of ``n_test`` sequences at each
+tested length) adds about 1% at the sweep's steps and is not counted.
 """
 
 from __future__ import annotations
@@ -64,13 +66,12 @@ def measure(mixer, seq_len, d_model, *, batch_size, vocab_size, n_pairs, reps, d
 
 
 def main(argv=None):
+    sweep = tr.RECALL_SWEEP
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mixers", nargs="+", default=["softmax", "swa", "linear", "delta", "gated_delta", "ssd",
-                                                    "hybrid"])
-    ap.add_argument("--seq-lens", nargs="+", type=int, default=[64, 128])
-    ap.add_argument("--d-models", nargs="+", type=int, default=[16, 32, 64, 128])
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--vocab-size", type=int, default=256)
+    ap.add_argument("--mixers", nargs="+", default=list(sweep["mixers"]))
+    ap.add_argument("--d-models", nargs="+", type=int, default=list(sweep["d_models"]))
+    ap.add_argument("--batch-size", type=int, default=sweep["batch_size"])
+    ap.add_argument("--vocab-size", type=int, default=sweep["vocab_size"])
     ap.add_argument("--budget", default=None, help="print the budget table from this calibration file and stop")
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--minutes", type=float, default=90)
@@ -79,20 +80,18 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.budget:
-        budget(json.loads(open(args.budget).read())["rows"], tr.RECALL_SWEEP, cores=args.cores,
-               minutes=args.minutes)
+        budget(json.loads(open(args.budget).read())["rows"], sweep, cores=args.cores, minutes=args.minutes)
         return
     rows = []
-    print(f"{'mixer':>12s} {'T':>4s} {'d':>4s} {'step s':>8s} {'fwd s':>8s} {'3 x fwd':>8s} {'step cpu':>8s}", flush=True)
-    for T in args.seq_lens:
+    print(f"{'mixer':>12s} {'T':>4s} {'d':>4s} {'step s':>8s} {'fwd s':>8s} {'step cpu':>8s}", flush=True)
+    for T, n_pairs in sweep["train_lengths"]:
         for d in args.d_models:
             for m in args.mixers:
-                r = measure(m, T, d, batch_size=args.batch_size, vocab_size=args.vocab_size, n_pairs=T // 4,
+                r = measure(m, T, d, batch_size=args.batch_size, vocab_size=args.vocab_size, n_pairs=n_pairs,
                             reps=args.reps, dtype=np.dtype(args.dtype))
                 rows.append({"mixer": m, "seq_len": T, "d_model": d, "dtype": args.dtype,
-                             **{k: round(v, 5) for k, v in r.items()}, "projected": round(3 * r["forward"], 5)})
-                print(f"{m:>12s} {T:4d} {d:4d} {r['step']:8.4f} {r['forward']:8.4f} {3 * r['forward']:8.4f} "
-                      f"{r['step_cpu']:8.4f}", flush=True)
+                             **{k: round(v, 5) for k, v in r.items()}})
+                print(f"{m:>12s} {T:4d} {d:4d} {r['step']:8.4f} {r['forward']:8.4f} {r['step_cpu']:8.4f}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"settings": vars(args), "machine": platform.platform(), "rows": rows}, f, indent=1)
@@ -102,35 +101,45 @@ def main(argv=None):
 def budget(rows, settings, *, cores, minutes, print_line=print):
     """Print the sweep's budget from calibration ``rows``; return the steps per run that fit.
 
-    Rows of another dtype than the sweep's float32 (``"dtype"``; rows without one were float32) are left out.
+    A run of mixer ``m`` at width ``d`` costs, per step, the mean of the measured
+    ``step`` over the training lengths (it cycles through them one batch per
+    step). Each mixer and width has ``len(seeds)`` sweep runs and ``len(lr_grid)``
+    tuning runs, and up to ``max_widen`` more where its grid is widened: the steps
+    returned fit the first two in ``minutes`` on ``cores``; the table also says what
+    the widened grids would cost at most. Rows of another dtype than the sweep's
+    float32 (``"dtype"``; rows without one were float32) are left out.
     """
     rows = [r for r in rows if r.get("dtype", "float32") == "float32"]
-    speed = {(r["mixer"], r["seq_len"], r["d_model"]): r for r in rows}
+    speed = {(r["mixer"], r["seq_len"], r["d_model"]): r["step"] for r in rows}
+    lengths = [T for T, _ in settings["train_lengths"]]
     for m in settings["mixers"]:             # a row not measured: the slowest mixer's at that length and width
-        for T, _ in settings["lengths"]:
+        for T in lengths:
             for d in settings["d_models"]:
                 if (m, T, d) not in speed:
-                    others = [r for r in rows if (r["seq_len"], r["d_model"]) == (T, d)]
-                    speed[(m, T, d)] = {k: max(r[k] for r in others) for k in ("step", "projected")}
+                    others = [r["step"] for r in rows if (r["seq_len"], r["d_model"]) == (T, d)]
+                    if not others:
+                        raise ValueError(f"rows: no mixer measured at T = {T}, d = {d}; calibrate the sweep's "
+                                         f"training lengths {lengths} and widths {list(settings['d_models'])}")
+                    speed[(m, T, d)] = max(others)
                     print_line(f"({m} at T = {T}, d = {d} not measured: the slowest measured mixer's time stands in)")
-    longest = tuple(settings["tune_length"])
-    print_line(f"{'mixer':>12s} {'T':>4s} {'runs':>5s} {'s/step now':>11s} {'projected':>10s}  (mean over widths)")
-    per_step_now = per_step = 0.0
+    runs = len(settings["seeds"]) + len(settings["lr_grid"])
+    widen = settings.get("max_widen", 0)
+    print_line(f"{'mixer':>12s} " + " ".join(f"{'d=' + str(d):>7s}" for d in settings["d_models"])
+               + "   seconds per step of the mixture")
+    per_step = 0.0
     for m in settings["mixers"]:
-        for T, n in settings["lengths"]:
-            runs = len(settings["seeds"]) + (len(settings["lr_grid"]) if (T, n) == longest else 0)
-            now = [speed[(m, T, d)]["step"] for d in settings["d_models"]]
-            proj = [speed[(m, T, d)]["projected"] for d in settings["d_models"]]
-            per_step_now += runs * sum(now)
-            per_step += runs * sum(proj)
-            print_line(f"{m:>12s} {T:4d} {runs * len(now):5d} {sum(now) / len(now):11.3f} {sum(proj) / len(proj):10.3f}")
+        mean = [sum(speed[(m, T, d)] for T in lengths) / len(lengths) for d in settings["d_models"]]
+        per_step += runs * sum(mean)
+        print_line(f"{m:>12s} " + " ".join(f"{x:7.3f}" for x in mean))
     seconds = minutes * 60 * cores
     steps = int(seconds // per_step)
-    print_line(f"one step of every run: {per_step_now:.0f} core-seconds today, {per_step:.0f} projected; "
-               f"{minutes:.0f} min on {cores} cores = {seconds:.0f} core-seconds: {steps} steps per run projected "
-               f"({int(seconds // per_step_now)} today); at settings['steps'] = {settings['steps']}: "
-               f"{settings['steps'] * per_step / cores / 60:.0f} min projected, "
-               f"{settings['steps'] * per_step_now / cores / 60:.0f} min today (the widened grids not counted)")
+    worst = per_step * (runs + widen) / runs
+    print_line(f"{runs} runs per mixer and width ({len(settings['seeds'])} seeds, {len(settings['lr_grid'])} rates): "
+               f"one step of every run {per_step:.1f} core-seconds ({worst:.1f} if every grid were widened "
+               f"{widen} times); {minutes:.0f} min on {cores} cores = {seconds:.0f} core-seconds: {steps} steps per run "
+               f"({int(seconds // worst)} with every grid widened); settings['steps'] = {settings['steps']} takes "
+               f"{settings['steps'] * per_step / cores / 60:.0f} min ({settings['steps'] * worst / cores / 60:.0f} "
+               f"at most with the widened grids)")
     return steps
 
 

@@ -6,14 +6,19 @@
     ... --engine dask --scheduler tcp://host:8786      # an existing dask.distributed cluster
 
 The sweep (``fixedstate.training.RECALL_SWEEP`` or ``RECALL_QUICK``) has two
-stages, each a list of independent runs (``fixedstate.training.recall_run``):
+stages, each a list of independent runs (``fixedstate.training.recall_run``).
+Every run, as in Zoology, trains on the mixture of lengths ``train_lengths``
+(one batch per step, cycled in order) and is tested at each of ``lengths``:
 
 1. tuning: every mixer and width on the tuning seed, one run per learning rate
-   of the grid; where the chosen rate sits at an edge of the grid
-   (``fixedstate.mqar_stats.choose_lr``), the grid is widened by one value beyond
-   that edge and the new rate run, up to ``max_widen`` times; a choice still at
-   an edge after that is flagged in the results;
-2. the sweep: every mixer, width, length and seed at its chosen rate.
+   of the grid, the rate chosen by the accuracy at ``tune_length`` (the
+   longest), then the mean accuracy over the lengths, then the final loss
+   (``fixedstate.mqar_stats.choose_lr``); where the chosen rate sits at an edge
+   of the grid, the grid is widened by one value beyond that edge and the new
+   rate run, up to ``max_widen`` times; a choice still at an edge after that is
+   flagged in the results;
+2. the sweep: every mixer, width and seed at its chosen rate, each run tested at
+   every length.
 
 Engines: ``local`` (the default) runs the runs in worker processes, one per core
 (``--workers``, default every core), through ``concurrent.futures``; ``dask``
@@ -31,10 +36,11 @@ The console shows each run as it finishes, with done/total and the estimated
 time left.
 
 At the end it writes ``--out``: the settings, the chosen rates (and any at an
-edge), the tuning and sweep records, the no-retrieval baselines, a summary per
-point (``fixedstate.mqar_stats.point_summary``: mean, fraction solved and
-fraction above the baseline with 95% Wilson intervals), the hybrid's ablation,
-and the provenance (commit, whether the tree was clean, date, machine, seeds,
+edge), the tuning and sweep records, the no-retrieval baseline at each length, a
+summary per point, that is per mixer, width and tested length
+(``fixedstate.mqar_stats.point_summary``: mean, fraction solved and fraction
+above the baseline with 95% Wilson intervals; the state in bytes at that
+length; the hybrid's ablation there), and the provenance (commit, whether the tree was clean, date, machine, seeds,
 grid, engine, workers, wall time).
 """
 
@@ -202,9 +208,10 @@ class Progress:
         self.done_here += 1
         elapsed = time.perf_counter() - self.start
         left = elapsed / self.done_here * (total - done)
-        acc = "diverged" if rec["diverged"] else f"acc {rec['test_accuracy']:.3f}"
+        acc = "diverged" if rec["diverged"] else "acc " + " ".join(
+            f"T{t}:{a:.3f}" for t, a in rec["test_accuracy"].items())
         self.print_line(f"[{done:4d}/{total}] {rec['stage']:4s} {rec['mixer']:>11s} d={rec['d_model']:<3d} "
-                        f"T={rec['seq_len']:<3d} seed={rec['seed']:<3d} lr={rec['lr']:.1e}: {acc} "
+                        f"seed={rec['seed']:<3d} lr={rec['lr']:.1e}: {acc} "
                         f"({rec['seconds']:.0f} s); elapsed {elapsed / 60:.1f} min, about {left / 60:.1f} min left")
 
 
@@ -227,7 +234,7 @@ def tune(settings, store, engine, progress, total_hint, commit=None):
         chosen, edges, more = {}, {}, False
         for key, grid in grids.items():
             recs = [r for r in records if (r["mixer"], r["d_model"]) == key]
-            lr, where = st.choose_lr(recs)
+            lr, where = st.choose_lr(recs, at=settings["tune_length"][0])
             chosen[key] = lr
             if where != "inside":
                 if widened[key] < settings["max_widen"]:
@@ -241,22 +248,25 @@ def tune(settings, store, engine, progress, total_hint, commit=None):
 
 
 def summarise(settings, main, baselines):
-    """Per point (mixer, width, length): the statistics of :func:`fixedstate.mqar_stats.point_summary`."""
+    """Per point (mixer, width, tested length): the statistics of :func:`fixedstate.mqar_stats.point_summary`
+    over the seeds' accuracies at that length, the state in bytes there and, for the hybrid, the mean
+    accuracy there with each layer's core zeroed (``ablation_mean``, by layer; over the runs that did not
+    diverge)."""
     points = []
     for m in settings["mixers"]:
         for d in settings["d_models"]:
-            for length in settings["lengths"]:
-                recs = [r for r in main if (r["mixer"], r["d_model"], r["seq_len"]) == (m, d, length[0])]
-                b = baselines[str(length[0])]
-                s = st.point_summary([r["test_accuracy"] for r in recs], baseline=b["test_set"],
-                                     baseline_se=b["test_set_se"], threshold=settings["threshold"],
-                                     margin=settings["margin"])
-                point = {"mixer": m, "d_model": d, "seq_len": length[0], "n_pairs": length[1],
-                         "state_bytes": recs[0]["state_bytes"], "lr": recs[0]["lr"], **s}
-                if recs[0]["ablation"] is not None:
-                    point["ablation_mean"] = {i: float(np.mean([r["ablation"][i] for r in recs
-                                                                if r["ablation"] is not None]))
-                                              for i in recs[0]["ablation"]}
+            recs = [r for r in main if (r["mixer"], r["d_model"]) == (m, d)]
+            for seq_len, n_pairs in settings["lengths"]:
+                t = str(seq_len)
+                b = baselines[t]
+                s = st.point_summary([None if r["diverged"] else r["test_accuracy"][t] for r in recs],
+                                     baseline=b["test_set"], baseline_se=b["test_set_se"],
+                                     threshold=settings["threshold"], margin=settings["margin"])
+                point = {"mixer": m, "d_model": d, "seq_len": seq_len, "n_pairs": n_pairs,
+                         "state_bytes": recs[0]["state_bytes"][t], "lr": recs[0]["lr"], **s}
+                ablated = [r["ablation"] for r in recs if r["ablation"] is not None]
+                if ablated:
+                    point["ablation_mean"] = {i: float(np.mean([a[i][t] for a in ablated])) for i in ablated[0]}
                 points.append(point)
     return points
 
@@ -279,7 +289,11 @@ def main(argv=None):
         settings.update(json.loads(args.override))
     settings = _jsonable(settings)
     settings["lengths"] = [tuple(x) for x in settings["lengths"]]
+    settings["train_lengths"] = [tuple(x) for x in settings["train_lengths"]]
     settings["tune_length"] = tuple(settings["tune_length"])
+    if settings["tune_length"] not in settings["lengths"]:
+        raise SystemExit(f"tune_length: expected one of the tested lengths {settings['lengths']}, "
+                         f"got {settings['tune_length']}")
     out = Path(args.out or ROOT / OUT[args.settings])
     store_path = Path(args.store or ROOT / "_build" / "sweeps" / f"{settings['name']}.jsonl")
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -288,10 +302,11 @@ def main(argv=None):
     store = Store(store_path, settings, fresh=args.fresh)
     resumed = len(store.records)
     engine = make_engine(args.engine, args.workers, args.scheduler)
-    n_main = len(settings["mixers"]) * len(settings["d_models"]) * len(settings["lengths"]) * len(settings["seeds"])
+    n_main = len(settings["mixers"]) * len(settings["d_models"]) * len(settings["seeds"])
     print(f"MQAR recall sweep '{settings['name']}': {len(settings['mixers'])} mixers x {len(settings['d_models'])} "
-          f"widths x {len(settings['lengths'])} lengths x {len(settings['seeds'])} seeds = {n_main} runs, after "
-          f"tuning on a grid of {len(settings['lr_grid'])} rates per mixer and width; engine {engine.name}, "
+          f"widths x {len(settings['seeds'])} seeds = {n_main} runs, each trained on the lengths "
+          f"{[t for t, _ in settings['train_lengths']]} in turn and tested at {[t for t, _ in settings['lengths']]}, "
+          f"after tuning on a grid of {len(settings['lr_grid'])} rates per mixer and width; engine {engine.name}, "
           f"{engine.workers} worker(s); store {store_path} ({len(store.records)} runs already done)", flush=True)
     grid_runs = [0]
 

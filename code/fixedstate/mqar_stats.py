@@ -11,15 +11,18 @@ sequence length, several seeds) reports counts with intervals beside the mean:
   fraction **above the no-retrieval baseline** (accuracy above the exact
   baseline of the test set plus ``margin`` standard errors of it), each with its
   interval;
-- :func:`choose_lr`: the tuning rule on a grid, which says whether the value it
-  chose sits at an edge of the grid, and :func:`widen_grid`, the values one step
-  beyond that edge that the sweep then tries.
+- :func:`choose_lr`: the tuning rule on a grid (for runs tested at several lengths:
+  the accuracy at the longest, then the mean over the lengths, then the final
+  loss), which says whether the value it chose sits at an edge of the grid, and
+  :func:`widen_grid`, the values one step beyond that edge that the sweep then
+  tries.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -104,22 +107,43 @@ def point_summary(accuracies, *, baseline, baseline_se=0.0, threshold=0.9, margi
             "threshold": threshold, "above_line": line}
 
 
-def _rank(record):
-    """Best first: runs that did not diverge, by higher test accuracy, then lower final loss."""
+def _accuracies(record, at):
+    """A tuning record's accuracies as ``{seq_len: accuracy}`` (a single-length record: ``{0: accuracy}``)."""
+    acc = record["test_accuracy"]
+    if isinstance(acc, Mapping):
+        out = {int(t): a for t, a in acc.items()}
+        if at is not None and int(at) not in out:
+            raise ValueError(f"at: expected one of the tested lengths {sorted(out)}, got {at!r}")
+        return out
+    if at is not None:
+        raise ValueError(f"at: expected None for records of a single length (test_accuracy a number), got {at!r}")
+    return {0: acc}
+
+
+def _rank(record, at):
+    """Best first: runs that did not diverge, by higher accuracy at ``at`` (default: the longest
+    length), then higher mean accuracy over the lengths, then lower final loss."""
     if record["diverged"]:
-        return (1, 0.0, 0.0)
-    return (0, -record["test_accuracy"], record["final_loss"])
+        return (1, 0.0, 0.0, 0.0)
+    acc = _accuracies(record, at)
+    return (0, -acc[max(acc) if at is None else int(at)], -float(np.mean(list(acc.values()))), record["final_loss"])
 
 
-def choose_lr(records) -> tuple[float, str]:
+def choose_lr(records, *, at=None) -> tuple[float, str]:
     """The tuning rule: the ``lr`` of the best of ``records``, and where it sits on their grid.
 
     ``records`` are the tuning runs of one mixer and width (dicts with ``lr``,
-    ``diverged``, ``test_accuracy``, ``final_loss``), one per learning rate. Best
-    means highest test accuracy, then lowest final loss; diverged runs come
-    last; an exact tie goes to the smaller rate. Returns ``(lr, where)`` with
-    ``where`` ``"low"`` or ``"high"`` when the chosen value is the smallest or
-    largest of the grid (an edge: the grid should be widened), else ``"inside"``.
+    ``diverged``, ``test_accuracy``, ``final_loss``), one per learning rate.
+    ``test_accuracy`` is a number (a run tested at one length) or a dict from the
+    sequence length (an int or its decimal string, as JSON keys are) to the
+    accuracy there (a run tested at several lengths,
+    :func:`fixedstate.training.recall_run`). Best means the highest accuracy at
+    the length ``at`` (default: the longest tested), then the highest mean
+    accuracy over the tested lengths, then the lowest final loss; diverged runs
+    come last; an exact tie goes to the smaller rate. Returns ``(lr, where)``
+    with ``where`` ``"low"`` or ``"high"`` when the chosen value is the smallest
+    or largest of the grid (an edge: the grid should be widened), else
+    ``"inside"``.
     """
     records = list(records)
     if len(records) < 3:
@@ -127,7 +151,10 @@ def choose_lr(records) -> tuple[float, str]:
     lrs = sorted(r["lr"] for r in records)
     if len(set(lrs)) != len(lrs):
         raise ValueError(f"records: expected one run per learning rate, got the rates {lrs}")
-    best = min(records, key=lambda r: (_rank(r), r["lr"]))["lr"]
+    tested = {frozenset(_accuracies(r, at)) for r in records if not r["diverged"]}
+    if len(tested) > 1:
+        raise ValueError(f"records: expected every run tested at the same lengths, got {sorted(map(sorted, tested))}")
+    best = min(records, key=lambda r: (_rank(r, at), r["lr"]))["lr"]
     where = "low" if best == lrs[0] else "high" if best == lrs[-1] else "inside"
     return best, where
 

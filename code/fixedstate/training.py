@@ -77,6 +77,7 @@ __all__ = [
     "loss_and_grads",
     "evaluate",
     "train",
+    "train_mixture",
     "mqar_data",
     "SWEEP",
     "SSD_FOLLOWUP",
@@ -797,36 +798,55 @@ def swa_window(d_model) -> int:
 
 # The sweep of issue 30 (make experiment): MQAR sized as in Zoology (a vocabulary of 128,
 # keys and values distinct within a sequence, 32 pairs at the longest length), seven
-# mixers at four widths each, two lengths, five seeds; the learning rate tuned per mixer
-# and width on its own seed at the longest length, on a grid widened where the choice
-# sits at an edge.
+# mixers at four widths each, five seeds. As in Zoology, every run trains on a mixture of
+# lengths (``train_lengths``, one batch per step, cycled in this order: train_mixture) and
+# is tested at each of ``lengths``; the learning rate is tuned per mixer and width on its
+# own seed by the accuracy at ``tune_length``, the longest (mqar_stats.choose_lr), on a
+# grid widened where the choice sits at an edge.
 #
-# Budget (tools/mqar_calibrate.py; results/mqar_calibration.json; `tools/mqar_calibrate.py
-# --budget results/mqar_calibration.json` prints the table): one process, one BLAS thread,
-# batch 64, float32. A whole step (loss_and_grads, with the cores' chunkwise backward passes)
-# took 0.016-0.14 s at T = 64 and 0.03-0.29 s at T = 128 over the widths 8-64, about three
-# forwards, as the budget had assumed (re-timed 2026-12-02 on the shared two-core machine at a
-# load average of 0.7-2.1; the first calibration, at a load of 8-24 and with the token-by-token
-# backward passes of that time, had measured up to 7 s). The sweep is 7 x 4 x 3 = 84 tuning
-# runs at T = 128 and 7 x 4 x 5 = 140 runs at each length; one step of every run costs about
-# 35 core-seconds, so 90 minutes on two cores (10,800 core-seconds) buy about 300 steps per
-# run, and the 150 steps below take about 45 minutes (the training steps alone: not the
-# widened grids, the test sets' evaluation or a second worker's share of the cores). The 150
-# steps are what the pilots showed the smallest setting needs: softmax attention (d = 16,
-# batch 64, lr 3e-2) solves T = 32 with 8 pairs in 150 steps; at T = 128 with 32 pairs
-# (d = 32) it was still on the uniform-value plateau (loss ln 64) after 150 steps, as at
-# T = 64 with 16 pairs after 800 steps of batch 16. So the issue's minimums do not fit
-# 90 minutes on this machine at a number of steps that learns: what 90 minutes buy here is
-# the plateau, not the frontier. The sweep needs more cores (tools/mqar_sweep.py --engine
-# dask on a cluster) or a longer budget, sized with the step timed above, before it can
-# answer the question.
+# Budget (tools/mqar_calibrate.py, which times one training step per mixer, training length
+# and width at batch 64 and vocabulary 128, and `--budget FILE`, which prints this table).
+# Measured on the training step as of the merge of the branch `fast`, on the shared two-core
+# machine, one process with one BLAS thread, median of 3 after a warm-up, at a load average
+# of 0.2-0.9 from other sessions: upper bounds. A run cycles through T = 32, 64, 128, so its
+# seconds per step are the mean of the three steps:
+#
+#     mixer        d=8    d=16   d=32   d=64    seconds per step of the mixture
+#     softmax      0.034  0.044  0.067  0.128
+#     swa          0.033  0.043  0.067  0.125
+#     linear       0.020  0.032  0.061  0.128
+#     delta        0.027  0.042  0.075  0.160
+#     gated_delta  0.030  0.046  0.081  0.166
+#     ssd          0.022  0.035  0.067  0.136
+#     hybrid       0.032  0.045  0.074  0.134
+#
+# Whole runs of this protocol (recall_run, two at a time as the two workers run them)
+# agreed: 600 steps at d = 64 took 0.160 s per step (Gated DeltaNet, 97 s in all) and 0.131
+# (the SSD, 79 s). The test stage (n_test sequences at each length, and the hybrid's two
+# ablations) adds about 1% to a run at these steps. Each mixer and width has 5 sweep runs
+# and 3 tuning runs: 7 x 4 x 8 = 224 runs, and one step of every run costs 8 x (the sum of
+# the table) = 15.6 core-seconds. 90 minutes on 2 cores are 10,800 core-seconds: 691 steps
+# per run. The 600 steps of the pilots take 600 x 15.6 / 2 = 4,680 s, 78 minutes, about 79
+# with the test stage. A grid widened at its edge adds one run to its mixer and width (an
+# eighth of that pair's cost); were every grid widened twice (max_widen), the sweep would
+# take 98 minutes. (Before the merge of `fast` the same table summed to 20.4 core-seconds,
+# 102 minutes at 600 steps.) What the steps buy, on tuning runs of this sweep (seed 100,
+# lr 1e-2): at 600 steps Gated DeltaNet at d = 64 reached 0.93 / 0.92 / 0.92 (T = 32 / 64 /
+# 128) and the SSD at d = 64 0.32 / 0.23 / 0.11; at 510 steps softmax attention and the
+# hybrid at d = 32 reached 1.0 at every length, Gated DeltaNet at d = 64 only 0.88 / 0.85 /
+# 0.78, at d = 32 0.17 / 0.11 / 0.07, and linear attention at d = 64 0.12 / 0.07 / 0.04.
+# The pilots (batch 64, lr 1e-2, 600 steps on this mixture, seed 0) had softmax attention
+# (d = 32) at 1.0 at every length by step 240, the hybrid (d = 32) by step 360, Gated
+# DeltaNet 1.0 / 1.0 / 0.988 at d = 64 and 0.67 / 0.61 / 0.53 at d = 32 (capacity-limited);
+# training on T = 128 alone stayed on the plateau (loss ln 64) for 500-600 steps.
 RECALL_SWEEP = {
     "name": "recall",
     "mixers": (SOFTMAX, SWA, LINEAR, DELTA, GATED_DELTA, SSD, HYBRID),
     "d_models": (8, 16, 32, 64),
-    "lengths": ((64, 16), (128, 32)),       # (seq_len, n_pairs): a quarter of the tokens are pairs
+    "train_lengths": ((32, 8), (64, 16), (128, 32)),   # (seq_len, n_pairs): a quarter of the tokens are pairs
+    "lengths": ((32, 8), (64, 16), (128, 32)),         # tested at each, with its own test set
     "seeds": (0, 1, 2, 3, 4),
-    "steps": 150,
+    "steps": 600,
     "batch_size": 64,
     "vocab_size": 128,
     "distinct_values": True,
@@ -843,18 +863,26 @@ RECALL_SWEEP = {
 }
 
 # The quick subset (make experiment-quick): three mixers (attention, its window, the hybrid
-# with its ablation) at one width, the short length T = 32 with 8 pairs (where the pilot's
-# softmax attention solves the task in 150 steps of batch 64), five seeds, the same
-# protocol: 9 tuning runs (and up to 3 more where a grid is widened) and 15 sweep runs. A
-# run took 60-75 s on the two-core machine while four other sessions loaded it (load
-# average above 20), so about 15 minutes there; a few minutes on an idle one.
+# with its ablation) at two widths, five seeds, the same protocol on a shorter mixture,
+# T = 16 with 4 pairs and T = 32 with 8, tested at both. Pilots (one seed, batch 64) on
+# this machine: after 600 steps softmax attention and the hybrid reached accuracy 1.0 at
+# both lengths at d = 8 (lr 1e-2 and 3e-2) and d = 16 (lr 1e-2), and sliding-window
+# attention, whose window of d / 2 + 1 tokens reaches only the nearest pairs, 0.02 at d = 8
+# and 0.74 / 0.20 (T = 16 / 32) at d = 16; after 400 steps d = 8 was still on its way (0.15-0.96) and
+# the hybrid at d = 16 solved one seed of two; after 150 steps of the longer mixture
+# (32, 8), (64, 16) nothing had left the plateau, and after 300 only softmax attention.
+# Cost: 0.010-0.014 s per step at d = 8 and 0.014-0.019 at d = 16 on the loaded machine,
+# so 6-11 s a run; 18 tuning runs (and up to 6 more where a grid is widened) and 30 sweep
+# runs, about 500 core-seconds: 4-5 minutes on two cores. Measured (results/mqar_quick.json,
+# every grid widened once, so 54 runs): 4.0 minutes on the shared machine, 435 core-seconds.
 RECALL_QUICK = {
     "name": "recall-quick",
     "mixers": (SOFTMAX, SWA, HYBRID),
-    "d_models": (16,),
-    "lengths": ((32, 8),),
+    "d_models": (8, 16),
+    "train_lengths": ((16, 4), (32, 8)),
+    "lengths": ((16, 4), (32, 8)),
     "seeds": (0, 1, 2, 3, 4),
-    "steps": 150,
+    "steps": 600,
     "batch_size": 64,
     "vocab_size": 128,
     "distinct_values": True,
@@ -871,79 +899,93 @@ RECALL_QUICK = {
 }
 
 
-def _run(settings, stage, mixer, d_model, length, seed, lr):
-    seq_len, n_pairs = length
-    return {"stage": stage, "mixer": mixer, "d_model": int(d_model), "seq_len": int(seq_len),
-            "n_pairs": int(n_pairs), "seed": int(seed), "lr": float(lr),
+def _run(settings, stage, mixer, d_model, seed, lr):
+    return {"stage": stage, "mixer": mixer, "d_model": int(d_model), "seed": int(seed), "lr": float(lr),
+            "train_lengths": [[int(t), int(n)] for t, n in settings["train_lengths"]],
+            "lengths": [[int(t), int(n)] for t, n in settings["lengths"]],
             **{k: settings[k] for k in ("steps", "batch_size", "vocab_size", "distinct_values", "n_test",
                                         "test_seed", "clip", "ssd_init")}}
 
 
 def run_key(run) -> str:
-    """The key that names a run in a sweep's store: its stage, mixer, width, length, pairs, seed and rate."""
-    return (f"{run['stage']}|{run['mixer']}|d{run['d_model']}|T{run['seq_len']}|n{run['n_pairs']}|"
-            f"s{run['seed']}|lr{run['lr']:.6g}")
+    """The key that names a run in a sweep's store: its stage, mixer, width, seed and rate.
+
+    (The lengths it trains on and is tested at are the sweep's, which the store's header fixes.)
+    """
+    return f"{run['stage']}|{run['mixer']}|d{run['d_model']}|s{run['seed']}|lr{run['lr']:.6g}"
 
 
 def recall_tuning_runs(settings, lrs=None) -> list:
-    """The tuning runs: every mixer and width at ``tune_length`` on ``tune_seed``, one per rate.
+    """The tuning runs: every mixer and width on ``tune_seed``, one per rate, with the sweep's protocol.
 
-    ``lrs`` maps ``(mixer, d_model)`` to the rates to run (default: ``lr_grid`` for every pair).
+    A tuning run trains on ``train_lengths`` and is tested at every one of
+    ``lengths``, as a sweep run is; the rule that reads it
+    (:func:`fixedstate.mqar_stats.choose_lr`) ranks by the accuracy at
+    ``tune_length``. ``lrs`` maps ``(mixer, d_model)`` to the rates to run
+    (default: ``lr_grid`` for every pair).
     """
     out = []
     for m in settings["mixers"]:
         for d in settings["d_models"]:
             for lr in (settings["lr_grid"] if lrs is None else lrs[(m, d)]):
-                out.append(_run(settings, "tune", m, d, tuple(settings["tune_length"]), settings["tune_seed"], lr))
+                out.append(_run(settings, "tune", m, d, settings["tune_seed"], lr))
     return out
 
 
 def recall_main_runs(settings, chosen) -> list:
-    """The sweep's runs: every mixer, width, length and seed, at the rate ``chosen[(mixer, d_model)]``.
+    """The sweep's runs: every mixer, width and seed, at the rate ``chosen[(mixer, d_model)]``.
 
-    The longest lengths and widest models come first, so that the workers finish together.
+    Each run is tested at every length, so a point of the sweep (mixer, width,
+    length) takes its seeds' accuracies at that length from the same runs. The
+    widest models come first, so that the workers finish together.
     """
     out = []
-    for length in sorted((tuple(x) for x in settings["lengths"]), reverse=True):
-        for d in sorted(settings["d_models"], reverse=True):
-            for m in settings["mixers"]:
-                for seed in settings["seeds"]:
-                    out.append(_run(settings, "main", m, d, length, seed, chosen[(m, d)]))
+    for d in sorted(settings["d_models"], reverse=True):
+        for m in settings["mixers"]:
+            for seed in settings["seeds"]:
+                out.append(_run(settings, "main", m, d, seed, chosen[(m, d)]))
     return out
 
 
 def recall_run(run) -> dict:
     """Train the model one run of the recall sweep describes and return its record (no parameters).
 
-    ``run`` as :func:`recall_tuning_runs` and :func:`recall_main_runs` make them.
-    The record repeats the run and adds ``key``, ``test_accuracy`` and
-    ``final_loss`` (None when the run diverged), ``diverged``, ``state_bytes``
-    (:func:`fixedstate.costs.model_state_bytes`, float32), the window of
-    sliding-window attention, ``ablation`` (for a model of more than one kind of
-    layer: the test accuracy with each layer's core output zeroed, by layer
-    index), ``seconds`` and ``seconds_per_step``. Deterministic given the run.
+    ``run`` as :func:`recall_tuning_runs` and :func:`recall_main_runs` make them:
+    the model trains on the mixture ``run["train_lengths"]`` (:func:`train_mixture`)
+    and is tested at every one of ``run["lengths"]``. The record repeats the run
+    and adds ``key``; ``test_accuracy``, a dict from the sequence length (its
+    decimal string, as JSON keys are) to the test accuracy there, and
+    ``final_loss`` (both None when the run diverged); ``diverged``;
+    ``state_bytes``, by length (:func:`fixedstate.costs.model_state_bytes`,
+    float32: attention's KV cache grows with the length, a fixed state does
+    not); the window of sliding-window attention; ``ablation`` (for a model of
+    more than one kind of layer, the hybrid: by layer index, the test accuracy
+    by length with that layer's core output zeroed; else None); ``seconds`` and
+    ``seconds_per_step``. Deterministic given the run.
     """
     from .costs import model_state_bytes
 
     m, d = run["mixer"], run["d_model"]
+    lengths = [tuple(x) for x in run["lengths"]]
     window = swa_window(d) if SWA in MODEL_LAYERS[m] else None
-    r = train(m, d_model=d, n_pairs=run["n_pairs"], steps=run["steps"], lr=run["lr"], seed=run["seed"],
-              vocab_size=run["vocab_size"], seq_len=run["seq_len"], batch_size=run["batch_size"],
-              n_test=run["n_test"], clip=run["clip"], window=window,
-              ssd_init=run["ssd_init"] if SSD in MODEL_LAYERS[m] else "unit",
-              distinct_values=run["distinct_values"], test_seed=run["test_seed"])
+    r = train_mixture(m, d_model=d, train_lengths=[tuple(x) for x in run["train_lengths"]], lengths=lengths,
+                      steps=run["steps"], lr=run["lr"], seed=run["seed"], vocab_size=run["vocab_size"],
+                      batch_size=run["batch_size"], n_test=run["n_test"], clip=run["clip"], window=window,
+                      ssd_init=run["ssd_init"] if SSD in MODEL_LAYERS[m] else "unit",
+                      distinct_values=run["distinct_values"], test_seed=run["test_seed"])
     losses = r["losses"]
     diverged = not np.all(np.isfinite(losses))
-    tail = losses[-max(1, len(losses) // 10):]
     ablation = None
     if len(set(MODEL_LAYERS[m])) > 1 and not diverged:
-        tokens, targets = r["test_set"]
-        ablation = {str(i): round(float(evaluate(r["params"], r["config"], tokens, targets, zero_cores=(i,))), 6)
+        ablation = {str(i): {str(t): round(float(evaluate(r["params"], r["config"], *r["test_sets"][t],
+                                                           zero_cores=(i,))), 6) for t, _ in lengths}
                     for i in range(len(MODEL_LAYERS[m]))}
     return {**run, "key": run_key(run), "window": window,
-            "state_bytes": model_state_bytes(MODEL_LAYERS[m], seq_len=run["seq_len"], d_k=d, d_v=d, window=window),
-            "test_accuracy": None if diverged else round(float(r["test_accuracy"]), 6),
-            "final_loss": None if diverged else round(float(np.mean(tail)), 6),
+            "state_bytes": {str(t): model_state_bytes(MODEL_LAYERS[m], seq_len=t, d_k=d, d_v=d, window=window)
+                            for t, _ in lengths},
+            "test_accuracy": None if diverged else {str(t): round(float(r["test_accuracy"][t]), 6)
+                                                    for t, _ in lengths},
+            "final_loss": None if diverged else round(float(r["final_loss"]), 6),
             "diverged": diverged, "ablation": ablation,
             "seconds": round(r["seconds"], 3), "seconds_per_step": round(r["seconds_per_step"], 5)}
 
@@ -962,3 +1004,91 @@ def recall_baseline(settings, length) -> dict:
             "expected": no_retrieval_accuracy(settings["vocab_size"], n_pairs,
                                               distinct_values=settings["distinct_values"]),
             "test_set": no_retrieval_score(batch), "test_set_se": no_retrieval_se(batch)}
+
+
+def _mqar_lengths(lengths, name) -> list:
+    """``lengths`` as a list of ``(seq_len, n_pairs)`` int pairs, at least one, no sequence length twice."""
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
+        raise ValueError(f"{name}: expected a sequence of (seq_len, n_pairs) pairs, got {lengths!r}")
+    out = []
+    for x in lengths:
+        if isinstance(x, (str, bytes)) or not hasattr(x, "__len__") or len(x) != 2:
+            raise ValueError(f"{name}: expected a sequence of (seq_len, n_pairs) pairs, got the item {x!r}")
+        out.append((check_positive_int(x[0], f"{name} (seq_len)"), check_positive_int(x[1], f"{name} (n_pairs)")))
+    if not out:
+        raise ValueError(f"{name}: expected at least one (seq_len, n_pairs) pair, got none")
+    if len({t for t, _ in out}) != len(out):
+        raise ValueError(f"{name}: expected each sequence length once, got {out}")
+    return out
+
+
+@one_blas_thread
+def train_mixture(mixer, *, d_model, train_lengths, lengths, steps, lr, seed, vocab_size=64, batch_size=32,
+                  n_test=256, clip=1.0, warmup=None, dtype=np.float32, callback=None, ssd_dt_init=None,
+                  window=None, ssd_init="unit", distinct_values=False, test_seed=12345) -> dict:
+    """Train one model on a mixture of MQAR lengths, as Zoology does, and test it at each of several.
+
+    Step ``s`` trains on one batch of ``batch_size`` sequences of the length
+    ``train_lengths[s % len(train_lengths)]`` (a ``(seq_len, n_pairs)`` pair): the
+    mixture is cycled one batch per step in its order, so every length gets the
+    same number of steps (to within one) and the same share of every stretch of
+    the learning-rate schedule. Everything else is :func:`train`'s: the initial
+    parameters from ``default_rng((seed, 0))``, the batches drawn in turn from the
+    one stream ``default_rng((seed, 1))``, Adam (``eq-tr-adam``) with the global
+    gradient norm clipped at ``clip``, a linear warm-up over ``warmup`` steps
+    (default a tenth) and then a cosine decay to 0. After training, the model is
+    tested at every ``(seq_len, n_pairs)`` of ``lengths`` on ``n_test`` sequences
+    from ``default_rng((test_seed, n_pairs))``, the test set :func:`train` uses
+    at that length. With a single training length, this is :func:`train` (the
+    same losses, parameters and accuracy; a test checks it).
+
+    Parameters
+    ----------
+    train_lengths, lengths : sequences of ``(seq_len, n_pairs)`` pairs of positive
+        ints, each sequence length at most once
+    the others : as :func:`train`
+
+    Returns
+    -------
+    dict with ``params``, ``config``, ``losses`` (one per step, NaN from a step whose
+    loss is not finite on), ``test_accuracy`` and ``test_sets`` (dicts keyed by the
+    sequence lengths of ``lengths``: the accuracy, NaN if the parameters are not
+    finite, and the ``(tokens, targets)`` tested on), ``final_loss`` (the mean
+    training loss over the last tenth of the steps, rounded down to whole cycles of
+    the mixture and at least one, so that every length weighs the same in it),
+    ``seconds`` (wall-clock time of the training loop) and ``seconds_per_step``
+    """
+    steps = check_positive_int(steps, "steps")
+    mix = _mqar_lengths(train_lengths, "train_lengths")
+    tested = _mqar_lengths(lengths, "lengths")
+    config = ModelConfig(mixer, vocab_size, d_model, window=window)
+    params = init_model(config, np.random.default_rng((seed, 0)), dtype=dtype, ssd_dt_init=ssd_dt_init,
+                        ssd_init=ssd_init)
+    data_rng = np.random.default_rng((seed, 1))
+    test_sets = {t: mqar_data(n_test, vocab_size=vocab_size, n_pairs=n, seq_len=t,
+                              rng=np.random.default_rng((test_seed, n)), distinct_values=distinct_values)
+                 for t, n in tested}
+    state = adam_init(params)
+    warmup = max(1, steps // 10) if warmup is None else warmup
+    losses = np.empty(steps)
+    start = time.perf_counter()
+    for step in range(steps):
+        seq_len, n_pairs = mix[step % len(mix)]
+        tokens, targets = mqar_data(batch_size, vocab_size=vocab_size, n_pairs=n_pairs, seq_len=seq_len,
+                                    rng=data_rng, distinct_values=distinct_values)
+        loss, grads = loss_and_grads(params, config, tokens, targets)
+        if not math.isfinite(loss):
+            losses[step:] = np.nan
+            break
+        adam_step(params, grads, state, lr=_lr_at(step, steps, lr, warmup), clip=clip)
+        losses[step] = loss
+        if callback is not None:
+            callback(step, loss)
+    seconds = time.perf_counter() - start
+    finite = all(np.isfinite(p).all() for p in params.values())
+    accuracy = {t: evaluate(params, config, *test_sets[t]) if finite else float("nan") for t, _ in tested}
+    cycle = len(mix)
+    tail = min(steps, max(cycle, (steps // 10) // cycle * cycle))
+    return {"params": params, "config": config, "losses": losses, "test_accuracy": accuracy,
+            "test_sets": test_sets, "final_loss": float(np.mean(losses[-tail:])), "seconds": seconds,
+            "seconds_per_step": seconds / steps}
