@@ -867,14 +867,16 @@ RECALL_SWEEP = {
 # T = 16 with 4 pairs and T = 32 with 8, tested at both. Pilots (one seed, batch 64) on
 # this machine: after 600 steps softmax attention and the hybrid reached accuracy 1.0 at
 # both lengths at d = 8 (lr 1e-2 and 3e-2) and d = 16 (lr 1e-2), and sliding-window
-# attention, whose window of d / 2 + 1 tokens reaches only the nearest pairs, 0.02 at d = 8
-# and 0.74 / 0.20 (T = 16 / 32) at d = 16; after 400 steps d = 8 was still on its way (0.15-0.96) and
-# the hybrid at d = 16 solved one seed of two; after 150 steps of the longer mixture
-# (32, 8), (64, 16) nothing had left the plateau, and after 300 only softmax attention.
-# Cost: 0.010-0.014 s per step at d = 8 and 0.014-0.019 at d = 16 on the loaded machine,
-# so 6-11 s a run; 18 tuning runs (and up to 6 more where a grid is widened) and 30 sweep
-# runs, about 500 core-seconds: 4-5 minutes on two cores. Measured (results/mqar_quick.json,
-# every grid widened once, so 54 runs): 4.0 minutes on the shared machine, 435 core-seconds.
+# attention, whose window of d / 2 + 1 tokens reaches only the nearest pairs, 0.02 at
+# d = 8 and 0.74 / 0.20 (T = 16 / 32) at d = 16; after 400 steps d = 8 was still on its
+# way (0.15-0.96) and the hybrid at d = 16 solved one seed of two; after 150 steps of the
+# longer mixture (32, 8), (64, 16) nothing had left the plateau, and after 300 only
+# softmax attention. Cost: 18 tuning runs (and up to 6 more where a grid is widened) and
+# 30 sweep runs. Measured (results/mqar_quick.json, every grid widened once, so 54 runs):
+# 5.3 minutes on the two-core machine, 610 core-seconds of training, while other sessions
+# raised its load average from 1 to 6-10 midway: the fastest runs took 0.009 s per step at
+# d = 8 and 0.013 at d = 16 (6-8 s a run), the slowest 0.076 and 0.023; 4.0 minutes before
+# the merge of `fast`, at a load of about 1.
 RECALL_QUICK = {
     "name": "recall-quick",
     "mixers": (SOFTMAX, SWA, HYBRID),
