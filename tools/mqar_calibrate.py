@@ -136,8 +136,8 @@ def budget(rows, settings, *, cores, minutes, print_line=print):
     worst = per_step * (runs + widen) / runs
     print_line(f"{runs} runs per mixer and width ({len(settings['seeds'])} seeds, {len(settings['lr_grid'])} rates): "
                f"one step of every run {per_step:.1f} core-seconds ({worst:.1f} if every grid were widened "
-               f"{widen} times); {minutes:.0f} min on {cores} cores = {seconds:.0f} core-seconds: {steps} steps per run "
-               f"({int(seconds // worst)} with every grid widened); settings['steps'] = {settings['steps']} takes "
+               f"{widen} times); {minutes:.0f} min on {cores} cores = {seconds:.0f} core-seconds: {steps} steps "
+               f"per run ({int(seconds // worst)} with every grid widened); settings['steps'] = {settings['steps']} takes "
                f"{settings['steps'] * per_step / cores / 60:.0f} min ({settings['steps'] * worst / cores / 60:.0f} "
                f"at most with the widened grids)")
     return steps
