@@ -22,7 +22,8 @@ composes them; it redefines no layer and no block:
 - ``RECALL_SWEEP``, ``RECALL_QUICK``: the recall-against-state sweep at the scale of
   the papers (issue 30; ``make experiment``, ``make experiment-quick``), as a list
   of independent runs (:func:`recall_tuning_runs`, :func:`recall_main_runs`,
-  :func:`recall_run`) that tools/mqar_sweep.py schedules; its statistics are in
+  :func:`recall_run`) that tools/mqar_sweep.py schedules, each a model trained on a
+  mixture of lengths and tested at each (:func:`train_mixture`); its statistics are in
   :mod:`fixedstate.mqar_stats`.
 
 Parameter names (one scheme with :mod:`fixedstate.hybrid` and :mod:`fixedstate.layers`,
