@@ -8,7 +8,9 @@ One submodule per chapter module holds that chapter's drawing functions:
 - :mod:`fixedstate.figures.delta_rule`: ``four_writes``, ``draw_four_writes`` (chapter 3);
 - :mod:`fixedstate.figures.ssm`: ``selectivity_states``, ``draw_selectivity`` (chapter 4);
 - :mod:`fixedstate.figures.recall`: ``draw_lab``, ``draw_capacity`` (chapter 5);
-- :mod:`fixedstate.figures.hybrid`: ``stack_memory_gib``, ``draw_memory`` (chapter 6).
+- :mod:`fixedstate.figures.hybrid`: ``stack_memory_gib``, ``draw_memory`` (chapter 6);
+- :mod:`fixedstate.figures.training`: ``recall_frontier_figure``, the recall sweep's
+  accuracy against the state kept, with the fixed-state frontier (chapter 9; static).
 
 The helpers below serve every chapter (the drawing engine,
 :mod:`fixedstate.figures.engine`, re-exported here; it draws with matplotlib's
