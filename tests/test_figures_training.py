@@ -53,9 +53,12 @@ def _check_figure(results, fig, lengths, frontier_mixers=None):
         want = [a[str(t)] for _, _, a in seeds if a is not None]
         want += [0.0] * len({(m, d) for m, d, a in seeds if a is None})
         assert dots == sorted(want)
-        for label in ax.get_xticklabels():                               # KiB, at powers of two bytes
+        left, right = ax.get_xlim()
+        assert left < min(p["state_bytes"] for p in pts) and max(p["state_bytes"] for p in pts) < right
+        assert ax.get_xticklabels()
+        for tick, label in zip(ax.get_xticks(), ax.get_xticklabels()):  # KiB, at powers of two bytes
             kib = float(label.get_text())
-            assert kib * 1024 == 2.0 ** round(np.log2(kib * 1024))
+            assert kib * 1024 == tick == 2.0 ** round(np.log2(tick)) and left <= tick <= right
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels[:len(results["settings"]["mixers"])] == [ftr.MIXER_LABELS[m] for m in results["settings"]["mixers"]]
     assert "no retrieval (exact)" in labels

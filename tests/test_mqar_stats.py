@@ -415,8 +415,11 @@ def test_the_ablation_summary_equals_a_direct_recomputation(results):
 
 def test_reading_results_refuses_bad_input():
     broken_point = dict(QUICK, points=[{k: v for k, v in QUICK["points"][0].items() if k != "mean"}])
+    broken_run = dict(QUICK, runs=[{k: v for k, v in QUICK["runs"][0].items() if k != "diverged"}])
+    bad_lengths = dict(QUICK, settings=dict(QUICK["settings"], lengths=[16, 32]))
     for fn in (ms.points_at, ms.frontier, ms.format_points):
-        for results in ([], {"settings": {}}, dict(QUICK, settings={"mixers": []}), broken_point):
+        for results in ([], {"settings": {}}, dict(QUICK, settings={"mixers": []}), broken_point, broken_run,
+                        bad_lengths):
             with pytest.raises(ValueError, match="results"):
                 fn(results, 16)
         for seq_len in (64, "16", True, 16.0, None):

@@ -204,6 +204,7 @@ def widen_grid(grid, where, *, steps=1) -> tuple:
 # ----------------------------------------------------------------------------- reading a sweep's results
 
 _RESULT_KEYS = ("settings", "baselines", "points", "runs")
+_RUN_KEYS = ("mixer", "d_model", "diverged", "test_accuracy", "ablation")
 _POINT_KEYS = ("mixer", "d_model", "seq_len", "n_pairs", "state_bytes", "lr", "n", "diverged", "mean", "solved",
                "solved_ci", "above", "above_ci", "above_line")
 
@@ -221,14 +222,16 @@ def _check_results(results):
     if not isinstance(settings, Mapping) or "lengths" not in settings or "mixers" not in settings:
         raise ValueError("results: expected settings with 'lengths' and 'mixers', got "
                          f"{sorted(settings) if isinstance(settings, Mapping) else type(settings).__name__}")
-    lengths = {}
-    for length in settings["lengths"]:
-        seq_len, n_pairs = length
-        lengths[int(seq_len)] = int(n_pairs)
-    for p in results["points"]:
-        if not isinstance(p, Mapping) or any(k not in p for k in _POINT_KEYS):
-            have = sorted(p) if isinstance(p, Mapping) else type(p).__name__
-            raise ValueError(f"results: expected every point to have the keys {list(_POINT_KEYS)}, got {have}")
+    try:
+        lengths = {int(seq_len): int(n_pairs) for seq_len, n_pairs in settings["lengths"]}
+    except (TypeError, ValueError):
+        raise ValueError(f"results: expected settings['lengths'] as pairs (seq_len, n_pairs), "
+                         f"got {settings['lengths']!r}") from None
+    for what, records, keys in (("point", results["points"], _POINT_KEYS), ("run", results["runs"], _RUN_KEYS)):
+        for r in records:
+            if not isinstance(r, Mapping) or any(k not in r for k in keys):
+                have = sorted(r) if isinstance(r, Mapping) else type(r).__name__
+                raise ValueError(f"results: expected every {what} to have the keys {list(keys)}, got {have}")
     return lengths
 
 
@@ -395,9 +398,6 @@ def ablation_summary(results) -> list[dict]:
     rank = _mixer_rank(results)
     groups = {}
     for r in results["runs"]:
-        if not isinstance(r, Mapping) or not {"mixer", "d_model", "test_accuracy", "ablation"} <= set(r):
-            raise ValueError("results: expected every run to have 'mixer', 'd_model', 'test_accuracy' and "
-                             f"'ablation', got {sorted(r) if isinstance(r, Mapping) else type(r).__name__}")
         if r["ablation"] is not None:
             groups.setdefault((r["mixer"], int(r["d_model"])), []).append(r)
     out = []

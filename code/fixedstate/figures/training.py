@@ -55,8 +55,8 @@ def _seed_accuracies(results, mixer, d_model, seq_len):
 
 
 def _kib_ticks(low, high):
-    """Powers of two (in bytes) that cover [low, high], at most about six of them, labelled in KiB."""
-    lo, hi = math.floor(math.log2(low)), math.ceil(math.log2(high))
+    """Powers of two (in bytes) in [low, high], at most about six of them, labelled in KiB."""
+    lo, hi = math.ceil(math.log2(low)), math.floor(math.log2(high))
     step = max(1, math.ceil((hi - lo) / 6))
     ticks = [2.0 ** e for e in range(lo, hi + 1, step)]
     return ticks, [f"{t / 1024:g}" for t in ticks]
@@ -101,7 +101,7 @@ def recall_frontier_figure(results, lengths=None, *, frontier_mixers=None):
     fig, axes = plt.subplots(1, n, figsize=(min(7.6, 1.3 + 2.3 * n), 3.7), sharex=True, sharey=True,
                              squeeze=False, layout="constrained")
     axes = axes[0]
-    ticks, labels = _kib_ticks(min(states), max(states))
+    ticks, labels = _kib_ticks(low, high)      # inside the limits (so they do not move them), one at least
     for ax, t in zip(axes, lengths):
         baseline = results["baselines"][str(t)]["test_set"]
         ax.axhline(baseline, color=BASELINE_COLOR, ls="--", lw=1.1, zorder=1, gid="baseline")
@@ -125,9 +125,9 @@ def recall_frontier_figure(results, lengths=None, *, frontier_mixers=None):
             ax.plot([p["state_bytes"] for p in pts], [np.nan if p["mean"] is None else p["mean"] for p in pts],
                     color=colour, marker="o", ms=4, lw=1.4, zorder=3, gid=f"mean:{mixer}")
         ax.set_xscale("log")
-        ax.set_xlim(low, high)
         ax.set_xticks(ticks, labels)
         ax.minorticks_off()
+        ax.set_xlim(low, high)
         ax.set_ylim(-0.04, 1.04)
         ax.set_title(f"T = {t}, {pairs[t]} pairs")
         ax.set_xlabel("state kept (KiB)")
