@@ -193,3 +193,64 @@ def test_a_chapter_pages_download_opens_with_the_line_that_checks_for_the_packag
         first = next(c for c in nb["cells"] if c["cell_type"] == "code")
         assert _source(first).startswith('if not (__import__("importlib.util").util.find_spec("fixedstate")'), \
             f"{page.name}: its download does not open with the package check"
+
+
+# TeX left raw on a page: a formula MathJax never saw, such as $...$ inside the text of a
+# cross-reference (a {ref}'s link text is not parsed as MyST), or a macro outside any math.
+RAW_TEX = re.compile(r"\$\s*\\[A-Za-z]|\\(?:frac|mathbf|mathrm|operatorname|Delta|alpha|beta|gamma|lambda|"
+                     r"sum|top|left|right|cdot|approx|log|exp|in|le|ge|odot|otimes)\b")
+
+
+def visible_prose(page_html: str) -> str:
+    """A page's text as a reader sees it outside formulas, code and cell outputs."""
+    from html.parser import HTMLParser
+
+    skip_tags = {"script", "style", "pre", "code", "math", "svg", "head", "title"}
+    skip_classes = {"math", "cell_output", "output", "highlight", "MathJax", "headerlink"}
+
+    class Collect(HTMLParser):
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.stack, self.parts = [], []
+
+        def handle_starttag(self, tag, attrs):
+            if tag in {"br", "img", "hr", "input", "meta", "link", "wbr", "source"}:
+                return
+            classes = set((dict(attrs).get("class") or "").split())
+            self.stack.append(tag in skip_tags or bool(classes & skip_classes))
+
+        def handle_endtag(self, tag):
+            if tag in {"br", "img", "hr", "input", "meta", "link", "wbr", "source"}:
+                return
+            if self.stack:
+                self.stack.pop()
+
+        def handle_data(self, data):
+            if not any(self.stack):
+                self.parts.append(data)
+
+    c = Collect()
+    c.feed(page_html)
+    return normalise(" ".join(c.parts))
+
+
+def test_visible_prose_finds_raw_tex_and_leaves_formulas_alone():
+    page = ('<p>A <span class="math notranslate nohighlight">\\(\\Delta\\)</span> step, and '
+            '<a href="x"><span class="std std-ref">the SSD with $\\Delta$ near 0.01</span></a>.</p>'
+            '<div class="cell_output"><pre>$\\alpha$</pre></div>')
+    text = visible_prose(page)
+    assert RAW_TEX.findall(text) == ["$\\D"]
+    assert "\\(" not in text
+
+
+@pytest.mark.parametrize("edition", ["full", "student"])
+def test_no_page_shows_raw_tex(edition):
+    root = FULL if edition == "full" else STUDENT
+    pages = sorted(p for p in root.rglob("*.html") if "_static" not in p.parts and p.name not in {"search.html", "genindex.html"})
+    assert pages, f"no built pages under {root}"
+    found = {}
+    for page in pages:
+        hits = RAW_TEX.findall(visible_prose(page.read_text(errors="replace")))
+        if hits:
+            found[str(page.relative_to(root))] = sorted(set(hits))
+    assert not found, f"raw TeX outside formulas: {found}"
