@@ -75,14 +75,28 @@ def test_a_decay_closer_to_one_than_bfloat16s_spacing_is_rounded_away():
     assert abs(s32 - np.exp(-1.0)) < 1e-4 and s16 == 1.0
 
 
-def test_round_params_keeps_A_log_in_float32_and_rounds_the_rest():
+def test_round_params_keeps_A_log_and_gated_deltanets_norm_weight_in_float32_and_rounds_the_rest():
     p = L.init_gated_deltanet(L.GatedDeltaNetConfig(8, 2, 1, 4, 4), 0)
+    p["norm_weight"] = 1.0 + 0.1 * np.random.default_rng(1).standard_normal(p["norm_weight"].shape)  # as trained
     r = pr.round_params(p)
     assert r["config"] is p["config"]
+    for name in ("A_log", "norm_weight"):                               # float32, unrounded, as Qwen3.5 ships them
+        assert r[name].dtype == np.float32 and np.array_equal(r[name], p[name].astype(np.float32))
+        assert not np.array_equal(pr.round_to(r[name]), r[name])        # not on bfloat16's grid
+    for name in set(p) - {"config", "A_log", "norm_weight"}:           # weights and dt_bias are rounded
+        assert r[name].dtype == np.float32 and np.array_equal(r[name], pr.round_to(p[name]))
+    assert not np.array_equal(r["dt_bias"], p["dt_bias"]) and not np.array_equal(r["W_q"], p["W_q"])
+
+
+@pytest.mark.parametrize("init, config", [(L.init_kda, L.KDAConfig(8, 2, 4, 4)),
+                                          (L.init_mamba2, L.Mamba2Config(8, 2, 4, 4, 1))])
+def test_round_params_rounds_the_norm_weight_of_other_layers(init, config):
+    p = init(config, 0)
+    p["norm_weight"] = 1.0 + 0.1 * np.random.default_rng(1).standard_normal(p["norm_weight"].shape)
+    r = pr.round_params(p)
+    assert np.array_equal(r["norm_weight"], pr.round_to(p["norm_weight"]))
+    assert not np.array_equal(r["norm_weight"], p["norm_weight"].astype(np.float32))
     assert np.array_equal(r["A_log"], p["A_log"].astype(np.float32))
-    assert not np.array_equal(pr.round_to(r["A_log"]), r["A_log"])      # A_log is not on bfloat16's grid
-    for name in ("W_q", "dt_bias"):                                     # weights and dt_bias are
-        assert np.array_equal(pr.round_to(r[name]), r[name]) and not np.array_equal(r[name], p[name])
 
 
 def test_precision_refuses_bad_input_naming_it():

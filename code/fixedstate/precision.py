@@ -3,8 +3,8 @@
 Chapter {ref}`chap-shipped-layers`. A trained model stores its weights and activations
 in bfloat16 (8 significant bits: a rounding error of up to ``2^-8`` of the value); the fused kernels of
 the delta-rule family and of Mamba-2 read them, compute in float32, carry the recurrent
-state from chunk to chunk in float32, and compute the gates' log-decays in float32 (``transformers``'
-``-A_log.float().exp() * softplus(a.float() + dt_bias)``). numpy has no bfloat16; the
+state from chunk to chunk in float32, and compute the gates' log-decays in float32 (the Gated DeltaNet ports of ``transformers``,
+Qwen3-Next and Qwen3.5, write ``-A_log.float().exp() * softplus(a.float() + dt_bias)``). numpy has no bfloat16; the
 ``ml_dtypes`` package gives one, and this module uses it only to round: every array
 here is float32 or float64, holding values that bfloat16 can represent where the text
 says so.
@@ -53,6 +53,7 @@ from . import delta_rule as dr
 from . import ssm
 from ._validate import as_float_array, check_positive_int
 from .kernels import kda_prep, matmul, scalar_prep, split_chunks
+from .layers import GatedDeltaNetConfig
 
 __all__ = ["BFLOAT16", "round_to", "round_params", "gated_delta_rule_mixed", "kda_mixed", "ssd_mixed",
            "selective_scan_mixed"]
@@ -88,20 +89,25 @@ def round_to(x, dtype=BFLOAT16) -> np.ndarray:
 
 
 def round_params(params, dtype=BFLOAT16) -> dict:
-    """A layer's parameters (``fixedstate.layers.init_*``) with every array rounded to ``dtype``, held in float32.
+    """A layer's parameters (``fixedstate.layers.init_*``) rounded to ``dtype`` as a checkpoint stores them, held in float32.
 
-    ``A_log`` stays float32 unrounded, as Qwen3.5's checkpoint ships it; ``dt_bias`` is
-    rounded like the weights (``transformers``' Qwen3-Next, for one, names no
-    ``_keep_in_fp32_modules`` that would keep it in float32).
+    Every array is rounded but ``A_log`` and, in Gated DeltaNet, the gated norm's weight
+    ``norm_weight``, which stay float32 unrounded: two pull requests in other projects
+    report that Qwen3.5's checkpoint ships exactly these two tensors of its
+    linear-attention layers in float32 (``linear_attn.A_log`` and
+    ``linear_attn.norm.weight``: ms-swift's #9972 counts 36 float32 tensors in
+    Qwen3.5-0.8B; vLLM's #51836), and ``dt_bias`` in bfloat16, so ``dt_bias`` is rounded
+    like the weights. Other layers' norm weights are rounded.
     """
     if not isinstance(params, dict) or "config" not in params:
         raise ValueError(f"params: expected a layer's params dict (from fixedstate.layers.init_*), got "
                          f"{type(params).__name__}")
     dt = _storage(dtype, "dtype")
+    kept = ("A_log", "norm_weight") if isinstance(params["config"], GatedDeltaNetConfig) else ("A_log",)
     out = {"config": params["config"]}
     for name, a in params.items():
         if name != "config":
-            out[name] = (as_float_array(a, f"params[{name!r}]").astype(np.float32) if name == "A_log"
+            out[name] = (as_float_array(a, f"params[{name!r}]").astype(np.float32) if name in kept
                          else round_to(a, dt))
     return out
 
@@ -306,7 +312,8 @@ def ssd_mixed(x, delta, a, B, C, *, D=None, form="chunkwise", chunk_size=64, io_
     stored state). ``read_dtype`` (chunkwise form only) rounds the per-chunk states the
     outputs read and nothing else, the carry untouched: ``mamba_ssm``'s state passing
     carries the state in float32 and writes the per-chunk states in ``out_dtype``
-    (``state_dtype`` if given, else the dtype of ``C``). Returns ``(y, final_state)`` in
+    (``state_dtype`` if given, else the dtype of ``C``; ``mamba_ssm``'s own ``state_dtype``
+    argument is this module's ``read_dtype``). Returns ``(y, final_state)`` in
     ``compute_dtype``.
     """
     options = _options(form, chunk_size, io_dtype, state_dtype, read_dtype, compute_dtype)
