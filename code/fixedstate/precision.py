@@ -92,12 +92,10 @@ def round_params(params, dtype=BFLOAT16) -> dict:
     """A layer's parameters (``fixedstate.layers.init_*``) rounded to ``dtype`` as a checkpoint stores them, held in float32.
 
     Every array is rounded but ``A_log`` and, in Gated DeltaNet, the gated norm's weight
-    ``norm_weight``, which stay float32 unrounded: two pull requests in other projects
-    report that Qwen3.5's checkpoint ships exactly these two tensors of its
-    linear-attention layers in float32 (``linear_attn.A_log`` and
-    ``linear_attn.norm.weight``: ms-swift's #9972 counts 36 float32 tensors in
-    Qwen3.5-0.8B; vLLM's #51836), and ``dt_bias`` in bfloat16, so ``dt_bias`` is rounded
-    like the weights. Other layers' norm weights are rounded.
+    ``norm_weight``, which stay float32 unrounded: a pull request in vLLM (#51836)
+    reports that Qwen3.5's checkpoint ships these two tensors of its linear-attention
+    layers in float32 (``linear_attn.A_log`` and ``linear_attn.norm.weight``), and
+    ``dt_bias`` in bfloat16, so ``dt_bias`` is rounded like the weights. Other layers' norm weights are rounded.
     """
     if not isinstance(params, dict) or "config" not in params:
         raise ValueError(f"params: expected a layer's params dict (from fixedstate.layers.init_*), got "
