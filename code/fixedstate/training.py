@@ -610,6 +610,30 @@ def _lr_at(step, steps, lr, warmup):
 
 
 @one_blas_thread
+def _adam_loop(params, config, lengths, *, steps, lr, warmup, clip, batch_size, vocab_size, data_rng,
+               distinct_values, callback):
+    """Train ``params`` in place: Adam for ``steps`` steps, one fresh MQAR batch a step, its
+    (seq_len, n_pairs) taken from ``lengths`` in turn. Returns ``(losses, seconds)``; a
+    non-finite loss stops the loop and leaves NaN from that step on."""
+    state = adam_init(params)
+    warmup = max(1, steps // 10) if warmup is None else warmup
+    losses = np.empty(steps)
+    start = time.perf_counter()
+    for step in range(steps):
+        seq_len, n_pairs = lengths[step % len(lengths)]
+        tokens, targets = mqar_data(batch_size, vocab_size=vocab_size, n_pairs=n_pairs, seq_len=seq_len,
+                                    rng=data_rng, distinct_values=distinct_values)
+        loss, grads = loss_and_grads(params, config, tokens, targets)
+        if not math.isfinite(loss):
+            losses[step:] = np.nan
+            break
+        adam_step(params, grads, state, lr=_lr_at(step, steps, lr, warmup), clip=clip)
+        losses[step] = loss
+        if callback is not None:
+            callback(step, loss)
+    return losses, time.perf_counter() - start
+
+
 def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64, batch_size=32,
           n_test=256, clip=1.0, warmup=None, dtype=np.float32, callback=None, ssd_dt_init=None, window=None,
           ssd_init="unit", distinct_values=False, test_seed=12345):
@@ -641,22 +665,9 @@ def train(mixer, *, d_model, n_pairs, steps, lr, seed, vocab_size=64, seq_len=64
     test_tokens, test_targets = mqar_data(n_test, vocab_size=vocab_size, n_pairs=n_pairs, seq_len=seq_len,
                                           rng=np.random.default_rng((test_seed, n_pairs)),
                                           distinct_values=distinct_values)
-    state = adam_init(params)
-    warmup = max(1, steps // 10) if warmup is None else warmup
-    losses = np.empty(steps)
-    start = time.perf_counter()
-    for step in range(steps):
-        tokens, targets = mqar_data(batch_size, vocab_size=vocab_size, n_pairs=n_pairs, seq_len=seq_len,
-                                    rng=data_rng, distinct_values=distinct_values)
-        loss, grads = loss_and_grads(params, config, tokens, targets)
-        if not math.isfinite(loss):
-            losses[step:] = np.nan
-            break
-        adam_step(params, grads, state, lr=_lr_at(step, steps, lr, warmup), clip=clip)
-        losses[step] = loss
-        if callback is not None:
-            callback(step, loss)
-    seconds = time.perf_counter() - start
+    losses, seconds = _adam_loop(params, config, [(seq_len, n_pairs)], steps=steps, lr=lr, warmup=warmup,
+                                 clip=clip, batch_size=batch_size, vocab_size=vocab_size, data_rng=data_rng,
+                                 distinct_values=distinct_values, callback=callback)
     finite = all(np.isfinite(p).all() for p in params.values())
     acc = evaluate(params, config, test_tokens, test_targets) if finite else float("nan")
     return {"params": params, "config": config, "losses": losses, "test_accuracy": acc,
@@ -1071,23 +1082,9 @@ def train_mixture(mixer, *, d_model, train_lengths, lengths, steps, lr, seed, vo
     test_sets = {t: mqar_data(n_test, vocab_size=vocab_size, n_pairs=n, seq_len=t,
                               rng=np.random.default_rng((test_seed, n)), distinct_values=distinct_values)
                  for t, n in tested}
-    state = adam_init(params)
-    warmup = max(1, steps // 10) if warmup is None else warmup
-    losses = np.empty(steps)
-    start = time.perf_counter()
-    for step in range(steps):
-        seq_len, n_pairs = mix[step % len(mix)]
-        tokens, targets = mqar_data(batch_size, vocab_size=vocab_size, n_pairs=n_pairs, seq_len=seq_len,
-                                    rng=data_rng, distinct_values=distinct_values)
-        loss, grads = loss_and_grads(params, config, tokens, targets)
-        if not math.isfinite(loss):
-            losses[step:] = np.nan
-            break
-        adam_step(params, grads, state, lr=_lr_at(step, steps, lr, warmup), clip=clip)
-        losses[step] = loss
-        if callback is not None:
-            callback(step, loss)
-    seconds = time.perf_counter() - start
+    losses, seconds = _adam_loop(params, config, mix, steps=steps, lr=lr, warmup=warmup, clip=clip,
+                                 batch_size=batch_size, vocab_size=vocab_size, data_rng=data_rng,
+                                 distinct_values=distinct_values, callback=callback)
     finite = all(np.isfinite(p).all() for p in params.values())
     accuracy = {t: evaluate(params, config, *test_sets[t]) if finite else float("nan") for t, _ in tested}
     cycle = len(mix)
