@@ -60,6 +60,7 @@ import numpy as np
 from . import blocks as bl
 from . import kernels as kn
 from . import mixers
+from ._heap import keep_freed_memory
 from ._threads import one_blas_thread
 from ._validate import as_float_array, check_positive_int
 from .layer_ids import DELTA, GATED_DELTA, HYBRID, LINEAR, SOFTMAX, SSD, SWA, check_layer_id
@@ -572,7 +573,13 @@ def model_backward(params, config: ModelConfig, cache, d_logits) -> dict:
 
 @one_blas_thread
 def loss_and_grads(params, config: ModelConfig, tokens, targets):
-    """The cross-entropy of the model on a batch, and its gradient with respect to every parameter."""
+    """The cross-entropy of the model on a batch, and its gradient with respect to every parameter.
+
+    Like every training function here, it first keeps freed memory in the process
+    (:func:`fixedstate._heap.keep_freed_memory`, once per process): a step then
+    reuses the pages the last one freed instead of faulting in fresh ones.
+    """
+    keep_freed_memory()
     logits, cache = model_forward(params, config, tokens)
     loss, d_logits = _cross_entropy(logits, targets)       # cross_entropy and cross_entropy_backward, in one
     return loss, model_backward(params, config, cache, d_logits)
@@ -592,6 +599,7 @@ def evaluate(params, config: ModelConfig, tokens, targets, *, batch_size=256, ze
 
     ``zero_cores``: layers whose core output is zeroed (:func:`model_forward`), the ablation.
     """
+    keep_freed_memory()
     right = total = 0
     for s in range(0, len(tokens), batch_size):
         logits, _ = model_forward(params, config, tokens[s:s + batch_size], zero_cores=zero_cores)
