@@ -9,8 +9,9 @@
 - a line cut off by the stop is dropped, and a store of other settings is refused;
 - on a dask.distributed LocalCluster of two workers the sweep gives the same records
   as the local engine (every run is deterministic given its seeds);
-- results/mqar_quick.json (make experiment-quick): its cheapest run, trained again here,
-  gives its stored accuracy exactly, and its summaries follow from its runs.
+- results/mqar_quick.json (make experiment-quick) and results/mqar_recall.json (make
+  experiment): the cheapest run of each, trained again here, gives its stored accuracy
+  exactly, and their summaries follow from their runs.
 
 This file needs dask.distributed (the book's environment, pyproject's extra ``sweep``);
 tools/test_pythons.py leaves it out of the wheel's environments.
@@ -192,21 +193,30 @@ def test_a_two_worker_dask_cluster_gives_the_same_records(tmp_path, straight):
     assert provenance["engine"] == "dask" and provenance["workers"] == 2
 
 
-QUICK = ROOT / "results" / "mqar_quick.json"
+STORED = {"quick": (ROOT / "results" / "mqar_quick.json", tr.RECALL_QUICK),
+          "full": (ROOT / "results" / "mqar_recall.json", tr.RECALL_SWEEP)}
 
 
-def test_the_stored_quick_sweep_reproduces_and_its_summaries_follow_from_its_runs():
-    stored = json.loads(QUICK.read_text())
+@pytest.mark.parametrize("name", sorted(STORED))
+def test_a_stored_sweep_reproduces_and_its_summaries_follow_from_its_runs(name):
+    """make experiment-quick's and make experiment's stored results: the cheapest run, trained again at this
+    commit, gives its stored accuracy and loss exactly; the settings are the package's; every point, rate
+    and baseline follows from the stored runs."""
+    path, package_settings = STORED[name]
+    stored = json.loads(path.read_text())
     prov = stored["provenance"]
     assert prov["commit"] and prov["clean_tree"] is True and prov["engine"] in ("local", "dask")
     assert prov["workers"] >= 1 and prov["seeds"]["sweep"] == list(stored["settings"]["seeds"])
+    assert stored["settings"] == mqar_sweep._jsonable(package_settings)
     cheapest = min(stored["runs"], key=lambda r: (r["d_model"], r["seconds"]))
-    run = {k: cheapest[k] for k in tr.recall_main_runs(tr.RECALL_QUICK, {
-        (m, d): 0.0 for m in tr.RECALL_QUICK["mixers"] for d in tr.RECALL_QUICK["d_models"]})[0]}
+    run = {k: cheapest[k] for k in tr.recall_main_runs(package_settings, {
+        (m, d): 0.0 for m in package_settings["mixers"] for d in package_settings["d_models"]})[0]}
     again = tr.recall_run(run)
     assert again["test_accuracy"] == cheapest["test_accuracy"]
     assert again["final_loss"] == cheapest["final_loss"]
     settings = stored["settings"]
+    for length in settings["lengths"]:
+        assert stored["baselines"][str(length[0])] == json.loads(json.dumps(tr.recall_baseline(settings, length)))
     assert len(stored["points"]) == len(settings["mixers"]) * len(settings["d_models"]) * len(settings["lengths"])
     for point in stored["points"]:
         t = str(point["seq_len"])
