@@ -5,8 +5,8 @@ its query, so a model that never links a key to its value can still rule out
 the values already answered. `no_retrieval_accuracy` is the exact expected
 accuracy of the best such predictor; `no_retrieval_score` the same predictor's
 expected accuracy on a given batch. These tests tie both to the generator and
-tie chapter 9's stored no-retrieval line to them, so that the line cannot drift
-from the task it is drawn for.
+tie chapter 9's stored no-retrieval levels (the recall sweep's and the first, small
+sweep's) to them, so that a level cannot drift from the task it is drawn for.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from fixedstate.recall import (NO_RETRIEVAL_STRATEGIES, MQARBatch, make_mqar, no
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = ROOT / "chapters" / "09_training.ipynb"
 SWEEP = json.loads((ROOT / "results" / "mqar_sweep.json").read_text())["settings"]
+RECALL = json.loads((ROOT / "results" / "mqar_recall.json").read_text())["settings"]
 GLUE_MIME = "application/papermill.record/text/plain"
 
 
@@ -65,18 +66,25 @@ def brute_force(n_values, n_pairs, n_queries):
     return total / count
 
 
-@pytest.mark.parametrize("n_pairs", SWEEP["n_pairs"])
-def test_the_chapters_line_is_the_predictor_on_the_sweeps_test_set(n_pairs):
-    level = no_retrieval_score(sweep_test_set(n_pairs))
-    assert glued(f"noret_{n_pairs}") == round(level, 2)
-    # and the test set's level is the generator's expectation, up to the test set's sampling
-    assert abs(level - no_retrieval_accuracy(SWEEP["vocab_size"], n_pairs)) < 0.01
+def test_the_small_sweeps_levels_in_the_chapter_are_the_predictor_on_its_test_sets():
+    levels = [no_retrieval_score(sweep_test_set(n)) for n in SWEEP["n_pairs"]]
+    assert glued("small_level_low") == round(min(levels), 2)
+    assert glued("small_level_high") == round(max(levels), 2)
+    for n, level in zip(SWEEP["n_pairs"], levels):
+        # the test set's level is the generator's expectation, up to the test set's sampling
+        assert abs(level - no_retrieval_accuracy(SWEEP["vocab_size"], n)) < 0.01
 
 
-@pytest.mark.parametrize("n_pairs", SWEEP["n_pairs"])
-def test_the_chapters_old_line_is_uniform_guessing_among_the_context(n_pairs):
-    assert glued(f"guess_{n_pairs}") == round(no_retrieval_score(sweep_test_set(n_pairs),
-                                                                 strategy="uniform_context"), 2)
+@pytest.mark.parametrize(("seq_len", "n_pairs"), RECALL["lengths"])
+def test_the_recall_sweeps_levels_in_the_chapter_are_h_n_over_n_and_the_predictor_on_its_test_sets(seq_len, n_pairs):
+    """With distinct values M_r = 1 in eq-tr-no-retrieval: the level is H_N / N, on every test set exactly."""
+    harmonic = sum(1 / r for r in range(1, n_pairs + 1)) / n_pairs
+    exact = no_retrieval_accuracy(RECALL["vocab_size"], n_pairs, distinct_values=True)
+    test = make_mqar(RECALL["n_test"], RECALL["vocab_size"], n_pairs, seq_len, distinct_values=True,
+                     rng=np.random.default_rng((RECALL["test_seed"], n_pairs)))
+    assert exact == pytest.approx(harmonic, rel=1e-12)
+    assert no_retrieval_score(test) == pytest.approx(harmonic, rel=1e-12)
+    assert glued(f"rc_noret_{seq_len}") == round(harmonic, 3)
 
 
 @pytest.mark.parametrize(("n_values", "n_pairs", "n_queries"), [(1, 1, 1), (2, 2, 2), (2, 2, 1), (3, 3, 3),
