@@ -859,6 +859,9 @@ def swa_window(d_model) -> int:
 # (d = 32) at 1.0 at every length by step 240, the hybrid (d = 32) by step 360, Gated
 # DeltaNet 1.0 / 1.0 / 0.988 at d = 64 and 0.67 / 0.61 / 0.53 at d = 32 (capacity-limited);
 # training on T = 128 alone stayed on the plateau (loss ln 64) for 500-600 steps.
+# The stored sweep (results/mqar_recall.json) ran in three invocations; its last 80 runs, after
+# fixedstate._heap kept freed memory in the process, took a median 0.83 (0.73-1.55) of this
+# table's seconds per step: at that speed the whole sweep takes about 67 minutes on two cores.
 RECALL_SWEEP = {
     "name": "recall",
     "mixers": (SOFTMAX, SWA, LINEAR, DELTA, GATED_DELTA, SSD, HYBRID),
