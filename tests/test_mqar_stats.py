@@ -279,8 +279,7 @@ _CI = re.compile(r"^(\d+)/(\d+) \[([0-9.]+), ([0-9.]+)\]$")
 
 def _parse_points(text):
     head, header, *rows = text.split("\n")
-    assert _ROW.split(header) == ["mixer", "d", "state KiB", "mean", "solved k/n [95% CI]",
-                                  "above baseline k/n [95% CI]", "lr", "note"]
+    assert _ROW.split(header) == ["mixer", "d", "KiB", "mean", "solved [95% CI]", "above [95% CI]", "lr", "note"]
     return head, [_ROW.split(r) for r in rows]
 
 

@@ -354,11 +354,11 @@ def format_points(results, seq_len) -> str:
     n_pairs = dict((int(t), int(n)) for t, n in settings["lengths"])[seq_len]
     above = pts[0]["above_line"] if pts else None
     head = (f"T = {seq_len} ({n_pairs} pairs): no-retrieval baseline {base['test_set']:.3f} "
-            f"(s.e. {base['test_set_se']:.3f} on the test set)")
+            f"(s.e. {base['test_set_se']:.3f})")
     if above is not None:
-        head += f"; above it: accuracy > {above:.3f}"
+        head += f"; above it: > {above:.3f}"
     if "threshold" in settings:
-        head += f"; solved: accuracy >= {settings['threshold']:g}"
+        head += f"; solved: >= {settings['threshold']:g}"
     edges = results.get("lr_at_edge", {})
     rows = []
     for p in pts:
@@ -367,12 +367,12 @@ def format_points(results, seq_len) -> str:
             notes.append(f"{p['diverged']} diverged")
         edge = edges.get(f"{p['mixer']}|{p['d_model']}")
         if edge:
-            notes.append(f"lr at the {edge} edge of its grid")
+            notes.append(f"lr at the {edge} edge")
         rows.append([p["mixer"], str(p["d_model"]), _kib(p["state_bytes"]),
                      "-" if p["mean"] is None else f"{p['mean']:.3f}",
                      _count_ci(p["solved"], p["n"], p["solved_ci"]), _count_ci(p["above"], p["n"], p["above_ci"]),
                      _lr(p["lr"]), "; ".join(notes)])
-    header = ["mixer", "d", "state KiB", "mean", "solved k/n [95% CI]", "above baseline k/n [95% CI]", "lr", "note"]
+    header = ["mixer", "d", "KiB", "mean", "solved [95% CI]", "above [95% CI]", "lr", "note"]
     return "\n".join([head, *_table(header, rows)])
 
 
