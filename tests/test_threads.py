@@ -1,4 +1,5 @@
-"""The sequence forms run their products with one BLAS thread and give the caller's setting back."""
+"""The sequence forms run their products with one BLAS thread and give the caller's setting back; a training
+step gives the model's large products the caller's threads, and a run of a sweep keeps to one."""
 
 import numpy as np
 import pytest
@@ -153,3 +154,67 @@ def test_entering_a_section_is_cheap_against_a_chunkwise_call():
     from fixedstate._threads import section_overhead
     section_overhead(20)
     assert section_overhead(200) < 2e-4                 # a few microseconds; a chunkwise call takes milliseconds
+
+
+
+@needs_blas
+@pytest.mark.parametrize("mixer", ["gated_delta", "softmax", "hybrid"])
+def test_training_gives_the_models_products_the_callers_threads_and_the_cores_one(mixer):
+    # Called alone, training runs the model's large products (projections, MLP, head) with the
+    # caller's BLAS threads (seen by the per-step callback); the cores' products run with one.
+    from fixedstate import training as tr
+
+    steps, cores = [], []
+    with threadpool_limits(2, user_api="blas"):
+        callers = blas_threads()
+        if max(callers) < 2:
+            pytest.skip("this BLAS runs one thread at most")
+        with kernels.recording_products(on_product=lambda step: cores.append(max(blas_threads()))):
+            tr.train_mixture(mixer, d_model=8, train_lengths=[(40, 4)], lengths=[(40, 4)], steps=2, lr=1e-2,
+                             seed=0, vocab_size=16, batch_size=2, n_test=4,
+                             callback=lambda *args, **kwargs: steps.append(max(blas_threads())))
+        assert blas_threads() == callers                 # the caller's setting is still in force
+    assert steps == [max(callers)] * 2                   # between the steps: the caller's threads
+    if mixer != "softmax":
+        assert cores and set(cores) == {1}               # the delta rule's chunkwise products: one thread
+
+
+def threads_seen_while(fn):
+    """The BLAS thread counts a second Python thread sees, every half millisecond, while ``fn()`` runs."""
+    import threading
+
+    seen, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.append(max(blas_threads()))
+            done.wait(0.0005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        fn()
+    finally:
+        done.set()
+        watcher.join()
+    return seen
+
+
+@needs_blas
+def test_a_run_of_either_sweep_keeps_to_one_blas_thread_and_restores_the_callers_setting():
+    # The sweeps run their runs side by side, one per core: each run keeps to one BLAS thread.
+    from fixedstate import training as tr
+
+    quick = {**tr.RECALL_QUICK, "steps": 30, "n_test": 8, "batch_size": 4}
+    run = tr.recall_tuning_runs(quick)[0]
+    small = {**tr.SWEEP, "steps": 30, "n_test": 8, "batch_size": 4}
+    with threadpool_limits(2, user_api="blas"):
+        before = blas_threads()
+        if max(before) < 2:
+            pytest.skip("this BLAS runs one thread at most")
+        for fn in (lambda: tr.recall_run(run), lambda: tr.run_config("gated_delta", 8, 4, 0, 1e-2, small)):
+            seen = threads_seen_while(fn)
+            assert blas_threads() == before              # the caller's setting is back
+            # the run holds one thread from its first line to its last: only the instants before
+            # it enters and after it leaves can show the caller's two
+            assert len(seen) >= 5 and seen.count(1) >= 0.8 * len(seen), seen

@@ -130,6 +130,8 @@ class Store:
 # ----------------------------------------------------------------------------- the engines
 
 def _one_thread_env():
+    # OpenMP and BLAS libraries a run loads after this point; numpy's BLAS, loaded already, is held to one
+    # thread by each run itself (fixedstate.training.recall_run)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"
 

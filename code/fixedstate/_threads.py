@@ -7,7 +7,12 @@ and waits for all of them; for products this small the splitting and the waiting
 cost more than they save, and when another program holds a core the waiting
 makes a product several times slower. So these forms run their products with one
 BLAS thread and give the caller's setting back when they return (also on an
-error). The limit is set through :mod:`threadpoolctl`, which knows the BLAS builds
+error). The training functions of :mod:`fixedstate.training` are not limited as
+a whole: their large products (a projection of every token of a batch, the MLP,
+the vocabulary head) gain from the caller's threads, and on this book's machine
+their results came out bit-identical with one thread or two. A run of a sweep
+(``recall_run``), which runs side by side with others, one per core, is limited
+to one thread. The limit is set through :mod:`threadpoolctl`, which knows the BLAS builds
 numpy and scipy load (OpenBLAS, MKL, BLIS, ...); where it finds none it does
 nothing.
 

@@ -61,7 +61,7 @@ from . import blocks as bl
 from . import kernels as kn
 from . import mixers
 from ._heap import keep_freed_memory
-from ._threads import one_blas_thread
+from ._threads import blas_threads
 from ._validate import as_float_array, check_positive_int
 from .layer_ids import DELTA, GATED_DELTA, HYBRID, LINEAR, SOFTMAX, SSD, SWA, check_layer_id
 from .recall import make_mqar
@@ -571,7 +571,6 @@ def model_backward(params, config: ModelConfig, cache, d_logits) -> dict:
     return g
 
 
-@one_blas_thread
 def loss_and_grads(params, config: ModelConfig, tokens, targets):
     """The cross-entropy of the model on a batch, and its gradient with respect to every parameter.
 
@@ -593,7 +592,6 @@ def mqar_data(n_sequences, *, vocab_size, n_pairs, seq_len, rng, distinct_values
     return batch.tokens, batch.targets
 
 
-@one_blas_thread
 def evaluate(params, config: ModelConfig, tokens, targets, *, batch_size=256, zero_cores=()) -> float:
     """Accuracy at the query positions: the fraction whose most likely token is the target.
 
@@ -617,7 +615,6 @@ def _lr_at(step, steps, lr, warmup):
     return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
 
-@one_blas_thread
 def _adam_loop(params, config, lengths, *, steps, lr, warmup, clip, batch_size, vocab_size, data_rng,
                distinct_values, callback):
     """Train ``params`` in place: Adam for ``steps`` steps, one fresh MQAR batch a step, its
@@ -718,7 +715,14 @@ def run_config(mixer, d_model, n_pairs, seed, lr, settings=None) -> dict:
     ``settings`` is the sweep's dict (default ``SWEEP``): the steps, batch size,
     sequence length, vocabulary, test-set size and clipping it names, and the
     SSD's initial step ``ssd_dt_init`` if it names one (``SSD_FOLLOWUP``).
+    One BLAS thread, as :func:`recall_run`: the sweep runs its configurations side
+    by side, one per worker.
     """
+    with blas_threads(1):
+        return _run_config(mixer, d_model, n_pairs, seed, lr, settings)
+
+
+def _run_config(mixer, d_model, n_pairs, seed, lr, settings):
     s = SWEEP if settings is None else settings
     r = train(mixer, d_model=d_model, n_pairs=n_pairs, steps=s["steps"], lr=lr, seed=seed,
               vocab_size=s["vocab_size"], seq_len=s["seq_len"], batch_size=s["batch_size"],
@@ -988,7 +992,17 @@ def recall_run(run) -> dict:
     more than one kind of layer, the hybrid: by layer index, the test accuracy
     by length with that layer's core output zeroed; else None); ``seconds`` and
     ``seconds_per_step``. Deterministic given the run.
+
+    The run uses one BLAS thread, whatever the caller's setting (restored on
+    return): a sweep runs many runs at once, one per core, and threads within a
+    run would compete with the other runs for the cores. (Called alone, the
+    training functions give the model's large products the caller's threads.)
     """
+    with blas_threads(1):
+        return _recall_run(run)
+
+
+def _recall_run(run) -> dict:
     from .costs import model_state_bytes
 
     m, d = run["mixer"], run["d_model"]
@@ -1048,7 +1062,6 @@ def _mqar_lengths(lengths, name) -> list:
     return out
 
 
-@one_blas_thread
 def train_mixture(mixer, *, d_model, train_lengths, lengths, steps, lr, seed, vocab_size=64, batch_size=32,
                   n_test=256, clip=1.0, warmup=None, dtype=np.float32, callback=None, ssd_dt_init=None,
                   window=None, ssd_init="unit", distinct_values=False, test_seed=12345) -> dict:
