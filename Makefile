@@ -40,7 +40,7 @@ help:
 	@echo "make grade-attack-test  grade the attack class next to honest students and check that nothing leaked"
 	@echo "make experiment    chapter 9's recall-against-state sweep on every core (SWEEP_ARGS='--engine dask ...' for a cluster); writes results/mqar_recall.json"
 	@echo "make experiment-quick  its quick subset (under 10 min on a 2-core machine); writes results/mqar_quick.json"
-	@echo "make experiment-small  chapter 9's first, small sweep (about 40 min); writes results/mqar_sweep.json"
+	@echo "make experiment-small  chapter 9's first, small sweep (about 8 min); writes results/mqar_sweep.json"
 	@echo "make experiment-ssd  chapter 9's pre-registered follow-up: the SSD with its step initialised at 0.01 (a few min); writes results/mqar_ssd_followup.json"
 
 venv: $(STAMP)
@@ -273,7 +273,7 @@ experiment-quick: $(STAMP)
 	$(BIN)/python tools/mqar_sweep.py --settings quick --out results/mqar_quick.json $(SWEEP_ARGS)
 
 # Chapter 9's first, small experiment (fixedstate.training.SWEEP: T = 32, vocabulary 32, widths 8 and 16,
-# 4 or 8 pairs, 3 seeds; 42 minutes on a shared two-core machine). Writes results/mqar_sweep.json, which the
+# 4 or 8 pairs, 3 seeds; about 8 minutes on a two-core machine, as its stored provenance records). Writes results/mqar_sweep.json, which the
 # chapter plots until it is rewritten around the recall sweep.
 experiment-small: $(STAMP)
 	$(BIN)/python tools/mqar_experiment.py --out results/mqar_sweep.json

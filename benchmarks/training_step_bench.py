@@ -7,8 +7,8 @@ cross-entropy of an MQAR batch. One step is the forward, the loss and the gradie
 every parameter. The book's step is numpy (its cores' chunkwise forward and backward
 passes), timed as a reader calls it: the model's large products with numpy's default
 number of BLAS threads, the cores' sequential products with one (``fixedstate._threads``),
-and, for the record, the whole step with one thread, as a run of the sweep trains; the peer is the same model in torch on
-the CPU (``benchmarks/reference_training_step.py``): autograd through transformers'
+and, for the record, the whole step with one thread, as a run of the sweep trains; the
+peer is the same model in torch on the CPU (``benchmarks/reference_training_step.py``): autograd through transformers'
 pure-torch chunked Gated DeltaNet (``torch_chunk_gated_delta_rule``) and torch's
 ``scaled_dot_product_attention``, under torch's default number of threads (and, for the
 record, one thread), loaded with the SAME parameters and batch. Before any time is taken,

@@ -36,6 +36,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):   # 
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
 
 from fixedstate import training as tr  # noqa: E402
 
@@ -60,8 +61,9 @@ def measure(mixer, seq_len, d_model, *, batch_size, vocab_size, n_pairs, reps, d
                            ssd_init="mamba2" if mixer == "ssd" else "unit")
     tokens, targets = tr.mqar_data(batch_size, vocab_size=vocab_size, n_pairs=n_pairs, seq_len=seq_len,
                                    rng=np.random.default_rng(1), distinct_values=True)
-    step, step_cpu = _seconds(lambda: tr.loss_and_grads(params, config, tokens, targets), reps)
-    forward, forward_cpu = _seconds(lambda: tr.model_forward(params, config, tokens), reps)
+    with threadpool_limits(1, user_api="blas"):      # one BLAS thread, as a run of the sweep trains
+        step, step_cpu = _seconds(lambda: tr.loss_and_grads(params, config, tokens, targets), reps)
+        forward, forward_cpu = _seconds(lambda: tr.model_forward(params, config, tokens), reps)
     return {"step": step, "forward": forward, "step_cpu": step_cpu, "forward_cpu": forward_cpu}
 
 

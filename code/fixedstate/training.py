@@ -715,8 +715,8 @@ def run_config(mixer, d_model, n_pairs, seed, lr, settings=None) -> dict:
     ``settings`` is the sweep's dict (default ``SWEEP``): the steps, batch size,
     sequence length, vocabulary, test-set size and clipping it names, and the
     SSD's initial step ``ssd_dt_init`` if it names one (``SSD_FOLLOWUP``).
-    One BLAS thread, as :func:`recall_run`: the sweep runs its configurations side
-    by side, one per worker.
+    One BLAS thread, as a run of the sweep (:func:`recall_run`): the sweep runs its
+    configurations side by side, one per worker.
     """
     with blas_threads(1):
         return _run_config(mixer, d_model, n_pairs, seed, lr, settings)
