@@ -273,8 +273,8 @@ experiment-quick: $(STAMP)
 	$(BIN)/python tools/mqar_sweep.py --settings quick --out results/mqar_quick.json $(SWEEP_ARGS)
 
 # Chapter 9's first, small experiment (fixedstate.training.SWEEP: T = 32, vocabulary 32, widths 8 and 16,
-# 4 or 8 pairs, 3 seeds; about 8 minutes on a two-core machine, as its stored provenance records). Writes results/mqar_sweep.json, which the
-# chapter plots until it is rewritten around the recall sweep.
+# 4 or 8 pairs, 3 seeds; about 8 minutes on a two-core machine, as its stored provenance records).
+# Writes results/mqar_sweep.json, which chapter 9 summarises at its end.
 experiment-small: $(STAMP)
 	$(BIN)/python tools/mqar_experiment.py --out results/mqar_sweep.json
 

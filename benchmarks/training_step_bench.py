@@ -8,8 +8,8 @@ every parameter. The book's step is numpy (its cores' chunkwise forward and back
 passes), timed as a reader calls it: the model's large products with numpy's default
 number of BLAS threads, the cores' sequential products with one (``fixedstate._threads``),
 and, for the record, the whole step with one thread, as a run of the sweep trains; the
-peer is the same model in torch on the CPU (``benchmarks/reference_training_step.py``): autograd through transformers'
-pure-torch chunked Gated DeltaNet (``torch_chunk_gated_delta_rule``) and torch's
+peer is the same model in torch on the CPU (``benchmarks/reference_training_step.py``):
+autograd through transformers' pure-torch chunked Gated DeltaNet (``torch_chunk_gated_delta_rule``) and torch's
 ``scaled_dot_product_attention``, under torch's default number of threads (and, for the
 record, one thread), loaded with the SAME parameters and batch. Before any time is taken,
 the loss and every gradient of the two are compared (largest difference relative to the
@@ -21,8 +21,8 @@ then softmax attention), each in float64 and float32. transformers' Gated DeltaN
 computes in float32 whatever it is given, so in float64 the torch model's Gated DeltaNet
 layers are float32 inside and the agreement there is float32's.
 
-The ratio is the book's step over torch's, each with its default threads; the target of issue #30 is
-a ratio of at most 1. Both sides take the fastest of ``--repeats`` steps per round, the
+The ratio is the book's step over torch's, each with its default threads; the target
+of issue #30 is a ratio of at most 1. Both sides take the fastest of ``--repeats`` steps per round, the
 median over ``--rounds`` rounds; the book's rounds are split before and after torch's run,
 so that other work on the shared machine falls on both. The load average is printed.
 

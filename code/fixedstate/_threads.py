@@ -12,9 +12,9 @@ a whole: their large products (a projection of every token of a batch, the MLP,
 the vocabulary head) gain from the caller's threads, and on this book's machine
 their results came out bit-identical with one thread or two. A run of a sweep
 (``recall_run``, ``run_config``), which runs side by side with others, one per
-core, is limited to one thread. The limit is set through :mod:`threadpoolctl`, which knows the BLAS builds
-numpy and scipy load (OpenBLAS, MKL, BLIS, ...); where it finds none it does
-nothing.
+core, is limited to one thread. The limit is set through :mod:`threadpoolctl`,
+which knows the BLAS builds numpy and scipy load (OpenBLAS, MKL, BLIS, ...);
+where it finds none it does nothing.
 
 The thread count of a BLAS is a setting of the whole process, so the limit is
 kept process-wide and counted: the first limited section to start saves each

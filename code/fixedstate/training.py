@@ -61,7 +61,7 @@ from . import blocks as bl
 from . import kernels as kn
 from . import mixers
 from ._heap import keep_freed_memory
-from ._threads import blas_threads
+from ._threads import one_blas_thread
 from ._validate import as_float_array, check_positive_int
 from .layer_ids import DELTA, GATED_DELTA, HYBRID, LINEAR, SOFTMAX, SSD, SWA, check_layer_id
 from .recall import make_mqar
@@ -709,6 +709,7 @@ SWEEP = {
 SSD_FOLLOWUP = {**SWEEP, "mixers": ("ssd",), "ssd_dt_init": 0.01}
 
 
+@one_blas_thread
 def run_config(mixer, d_model, n_pairs, seed, lr, settings=None) -> dict:
     """Train one configuration of the sweep and return its record (no parameters).
 
@@ -718,11 +719,6 @@ def run_config(mixer, d_model, n_pairs, seed, lr, settings=None) -> dict:
     One BLAS thread, as a run of the sweep (:func:`recall_run`): the sweep runs its
     configurations side by side, one per worker.
     """
-    with blas_threads(1):
-        return _run_config(mixer, d_model, n_pairs, seed, lr, settings)
-
-
-def _run_config(mixer, d_model, n_pairs, seed, lr, settings):
     s = SWEEP if settings is None else settings
     r = train(mixer, d_model=d_model, n_pairs=n_pairs, steps=s["steps"], lr=lr, seed=seed,
               vocab_size=s["vocab_size"], seq_len=s["seq_len"], batch_size=s["batch_size"],
@@ -977,6 +973,7 @@ def recall_main_runs(settings, chosen) -> list:
     return out
 
 
+@one_blas_thread
 def recall_run(run) -> dict:
     """Train the model one run of the recall sweep describes and return its record (no parameters).
 
@@ -998,11 +995,6 @@ def recall_run(run) -> dict:
     run would compete with the other runs for the cores. (Called alone, the
     training functions give the model's large products the caller's threads.)
     """
-    with blas_threads(1):
-        return _recall_run(run)
-
-
-def _recall_run(run) -> dict:
     from .costs import model_state_bytes
 
     m, d = run["mixer"], run["d_model"]
